@@ -1,0 +1,3 @@
+from n5fs.cli.main import main
+
+raise SystemExit(main())

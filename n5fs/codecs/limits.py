@@ -1,0 +1,90 @@
+"""Bounded decompression: a decode never produces more than the metadata promises.
+
+A decompression bomb (a few KiB that inflate to GiB) is refused as soon as the output would
+pass the limit, without ever holding more than ``limit + 1`` bytes.
+"""
+
+from __future__ import annotations
+
+import bz2
+import lzma
+import zlib
+from typing import Protocol
+
+from n5fs.errors import Rejected
+
+
+class CodecError(Rejected):
+    """Bytes that a codec cannot decode, or that decode to the wrong size."""
+
+
+class _Decompressor(Protocol):
+    def decompress(self, data: bytes, max_length: int = ...) -> bytes: ...
+
+
+def too_large(limit: int, what: str) -> CodecError:
+    return CodecError(
+        f"{what} decodes to more than the {limit} bytes the metadata allows "
+        "(refused without inflating: possible decompression bomb)",
+        rule="decoded-size",
+    )
+
+
+def _bounded(dec: _Decompressor, data: bytes, limit: int, what: str) -> tuple[bytes, bytes]:
+    """Run ``dec`` to at most ``limit`` bytes; return (output, unused input)."""
+    try:
+        out = dec.decompress(data, limit + 1)
+    except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError) as exc:
+        raise CodecError(f"{what} stream is corrupt: {exc}", rule="undecodable") from exc
+    if len(out) > limit:
+        raise too_large(limit, what)
+    if not getattr(dec, "eof", True):
+        # Either the stream is truncated, or more output waits beyond the limit.
+        more = getattr(dec, "needs_input", None)
+        if more is False or getattr(dec, "unconsumed_tail", b""):
+            raise too_large(limit, what)
+        raise CodecError(f"{what} stream is truncated", rule="undecodable")
+    unused = getattr(dec, "unused_data", b"")
+    return out, unused
+
+
+def zlib_decompress(data: bytes, limit: int, *, wbits: int = zlib.MAX_WBITS, what: str = "zlib") -> bytes:
+    """Decode one zlib/gzip/raw-deflate stream (``wbits`` as in :mod:`zlib`); no trailing data."""
+    out, unused = _bounded(zlib.decompressobj(wbits), data, limit, what)
+    if unused:
+        raise CodecError(f"{what} stream has {len(unused)} trailing bytes", rule="trailing-data")
+    return out
+
+
+def gzip_decompress(data: bytes, limit: int, what: str = "gzip") -> bytes:
+    """Decode gzip members (concatenated members allowed, as gzip(1) writes them)."""
+    out = bytearray()
+    rest = data
+    while True:
+        part, rest = _bounded(zlib.decompressobj(16 + zlib.MAX_WBITS), rest, limit - len(out), what)
+        out += part
+        if not rest.strip(b"\x00"):
+            return bytes(out)
+
+
+def bz2_decompress(data: bytes, limit: int, what: str = "bzip2") -> bytes:
+    out, unused = _bounded(bz2.BZ2Decompressor(), data, limit, what)
+    if unused:
+        raise CodecError(f"{what} stream has {len(unused)} trailing bytes", rule="trailing-data")
+    return out
+
+
+def lzma_decompress(data: bytes, limit: int, what: str = "xz", fmt: int = lzma.FORMAT_AUTO) -> bytes:
+    out, unused = _bounded(lzma.LZMADecompressor(format=fmt), data, limit, what)
+    if unused:
+        raise CodecError(f"{what} stream has {len(unused)} trailing bytes", rule="trailing-data")
+    return out
+
+
+def check_size(actual: int, expected: int, what: str) -> None:
+    """Refuse a decoded buffer whose size differs from what the metadata promises."""
+    if actual != expected:
+        raise CodecError(
+            f"{what} decodes to {actual} bytes, the metadata requires exactly {expected}",
+            rule="decoded-size",
+        )

@@ -1,0 +1,197 @@
+"""The KvStore contract every driver implements.
+
+Queries answer ``None`` for an absent key (it is the hot path: every lookup, every probe);
+commands raise from the error tree. ``set`` is atomic: readers see the old or the new value.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from n5fs.errors import KeyNotFound, ReadOnly
+from n5fs.kvstore.keys import check_key, check_prefix
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from n5fs.kvstore.spec import StoreSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """Bytes ``[start, start+length)``; a negative ``start`` counts from the end.
+
+    ``ByteRange(-22)`` is the last 22 bytes, ``ByteRange(10)`` everything from offset 10.
+    A range past the end is clamped (a short or empty read), as a file read would be.
+    """
+
+    start: int
+    length: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.length is not None and self.length < 0:
+            raise ValueError(f"negative length in {self!r}")
+        if self.start < 0 and self.length is not None:
+            raise ValueError(f"a suffix range takes no length: {self!r}")
+
+    def resolve(self, size: int) -> tuple[int, int]:
+        """Clamp to an object of ``size`` bytes: return ``(start, stop)``."""
+        start = max(size + self.start, 0) if self.start < 0 else min(self.start, size)
+        stop = size if self.length is None else min(start + self.length, size)
+        return start, stop
+
+    def http_header(self) -> str:
+        if self.start < 0:
+            return f"bytes={self.start}"
+        if self.length is None:
+            return f"bytes={self.start}-"
+        return f"bytes={self.start}-{self.start + self.length - 1}"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    key: str
+    size: int
+    mtime: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """One level (or, without a delimiter, all) of what lies under a prefix.
+
+    ``keys`` are full keys; ``prefixes`` are full sub-prefixes ending in the delimiter.
+    """
+
+    keys: tuple[KeyInfo, ...] = ()
+    prefixes: tuple[str, ...] = ()
+
+    def names(self) -> list[str]:
+        return sorted(k.key for k in self.keys)
+
+
+def slice_bytes(data: bytes, byte_range: ByteRange | None) -> bytes:
+    if byte_range is None:
+        return data
+    start, stop = byte_range.resolve(len(data))
+    return data[start:stop]
+
+
+def group_listing(infos: Iterable[KeyInfo], prefix: str, delimiter: str | None) -> Listing:
+    """S3-style grouping of a flat key list: keys below ``prefix`` split at ``delimiter``."""
+    keys: list[KeyInfo] = []
+    prefixes: set[str] = set()
+    for info in infos:
+        if not info.key.startswith(prefix):
+            continue
+        rest = info.key[len(prefix) :]
+        cut = rest.find(delimiter) if delimiter else -1
+        if cut >= 0:
+            prefixes.add(prefix + rest[: cut + len(delimiter or "")])
+        else:
+            keys.append(info)
+    keys.sort(key=lambda k: k.key)
+    return Listing(tuple(keys), tuple(sorted(prefixes)))
+
+
+class KvStore(abc.ABC):
+    """Bytes by key. Subclasses implement the abstract methods; the rest have defaults.
+
+    Keys are checked by :func:`check_key` before any backend call: implementations call
+    ``self._key(key)`` first thing.
+    """
+
+    writable: ClassVar[bool] = True
+    #: a prefix can exist with nothing under it (a directory on disk)
+    empty_prefixes: ClassVar[bool] = False
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> StoreSpec:
+        """The spec that reopens this store (round-trips to JSON and URL)."""
+
+    @abc.abstractmethod
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        """The value (or the requested bytes of it), ``None`` when absent."""
+
+    @abc.abstractmethod
+    def set(self, key: str, value: bytes) -> None:
+        """Store ``value`` atomically under ``key``."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key``; absent is a no-op (like ``rm -f``)."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+        """Keys and sub-prefixes under ``prefix``; without a delimiter, every key below."""
+
+    @abc.abstractmethod
+    def stat(self, key: str) -> KeyInfo | None:
+        """Size and mtime of ``key``, ``None`` when absent."""
+
+    # -- defaults a driver may override with something faster -------------------------------
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every key under ``prefix``; return how many were removed."""
+        check_prefix(prefix)
+        keys = [k.key for k in self.list(prefix, delimiter=None).keys]
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copy ``src`` to ``dst`` (server-side where the store can)."""
+        value = self.get(self._key(src))
+        if value is None:
+            raise KeyNotFound(src)
+        self.set(self._key(dst), value)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Store the contents of a local file; drivers stream it where they can."""
+        with open(path, "rb") as f:
+            self.set(key, f.read())
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        """Several gets; network drivers run them in parallel."""
+        return {key: self.get(key) for key in keys}
+
+    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
+        """Every key below ``prefix``."""
+        yield from self.list(prefix, delimiter=None).keys
+
+    def flush(self) -> None:
+        """Make buffered changes durable (the zip adapter rewrites its archive here)."""
+
+    def refresh(self) -> None:
+        """Forget anything cached about the backend (it was changed from outside)."""
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> KvStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec.to_url()!r})"
+
+    # -- helpers for drivers -----------------------------------------------------------------
+
+    @staticmethod
+    def _key(key: str) -> str:
+        return check_key(key)
+
+    def _check_writable(self, key: str) -> None:
+        if not self.writable:
+            raise ReadOnly(f"read-only store: cannot change {key!r}")

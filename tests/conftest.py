@@ -1,0 +1,103 @@
+"""Session fixtures shared by every tier: the moto S3 server (a real HTTP server on
+127.0.0.1 in its own process, port 0 read back) and a fresh bucket per test."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+
+_PORT_LINE = re.compile(rb"Running on http://127\.0\.0\.1:(\d+)")
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint: str
+    region: str = "us-east-1"
+
+    def client(self):  # noqa: ANN201 (boto3 client type)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=self.region,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        )
+
+
+def _moto_server_cmd() -> list[str]:
+    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+    return [exe] if exe else [sys.executable, "-m", "moto.server"]
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One moto server for the session. Never skipped: moto is in the test extra."""
+    proc = subprocess.Popen(
+        [*_moto_server_cmd(), "-H", "127.0.0.1", "-p", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    port = None
+    seen = b""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+        match = _PORT_LINE.search(line)
+        if match:
+            port = int(match.group(1))
+            break
+    if port is None:
+        proc.kill()
+        raise RuntimeError(f"moto_server did not start: {seen.decode(errors='replace')}")
+    # Keep draining its output so the server never blocks on a full pipe.
+    import threading
+
+    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
+    server = S3Server(endpoint=f"http://127.0.0.1:{port}")
+    print(f"\nmoto S3 server at {server.endpoint} (pid {proc.pid})")
+    try:
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _aws_env() -> Iterator[None]:
+    """Fake credentials for boto3's chain; never a real account."""
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+                      AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """A fresh bucket per test on the session's moto server."""
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    s3_server.client().create_bucket(Bucket=name)
+    return name
