@@ -88,3 +88,51 @@ def check_size(actual: int, expected: int, what: str) -> None:
             f"{what} decodes to {actual} bytes, the metadata requires exactly {expected}",
             rule="decoded-size",
         )
+
+
+_BLOSC_HEADER = 16
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def blosc_decompress(data: bytes, limit: int, what: str = "blosc") -> bytes:
+    """Decode one blosc(1) frame; its header states both sizes, so check before decoding."""
+    from numcodecs import Blosc  # noqa: PLC0415 (keeps import of this module cheap)
+
+    if len(data) < _BLOSC_HEADER:
+        raise CodecError(f"{what} frame shorter than its 16-byte header", rule="undecodable")
+    nbytes = int.from_bytes(data[4:8], "little")
+    cbytes = int.from_bytes(data[12:16], "little")
+    if nbytes > limit:
+        raise too_large(limit, what)
+    if cbytes != len(data):
+        raise CodecError(
+            f"{what} header says {cbytes} compressed bytes, the chunk holds {len(data)}",
+            rule="trailing-data" if cbytes < len(data) else "undecodable",
+        )
+    try:
+        return bytes(Blosc().decode(data))
+    except (RuntimeError, ValueError) as exc:
+        raise CodecError(f"{what} frame is corrupt: {exc}", rule="undecodable") from exc
+
+
+def zstd_decompress(data: bytes, limit: int, what: str = "zstd") -> bytes:
+    """Decode one zstd frame (with or without a content size in its header), at most ``limit``.
+
+    A stated content size over the limit is refused before any work; an unstated one is
+    bounded by the output buffer. Bytes after the first frame are not examined.
+    """
+    import zstandard  # noqa: PLC0415
+
+    if not data.startswith(_ZSTD_MAGIC):
+        raise CodecError(f"{what} data does not start with the zstd frame magic", rule="undecodable")
+    try:
+        size = zstandard.get_frame_parameters(data).content_size
+        if size != zstandard.CONTENTSIZE_UNKNOWN and size > limit:
+            raise too_large(limit, what)
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
+    except zstandard.ZstdError as exc:
+        if "did not decompress full frame" in str(exc) or "Destination buffer" in str(exc):
+            # Either truncated, or the output would pass the limit: both refused.
+            raise CodecError(f"{what} frame is truncated or decodes past {limit} bytes",
+                             rule="decoded-size") from exc
+        raise CodecError(f"{what} stream is corrupt: {exc}", rule="undecodable") from exc
