@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import boto3
 import pytest
@@ -25,7 +24,7 @@ class S3Server:
     endpoint: str
     region: str = "us-east-1"
 
-    def client(self):  # noqa: ANN201 (boto3 client type)
+    def client(self):
         return boto3.client(
             "s3",
             endpoint_url=self.endpoint,
@@ -83,10 +82,21 @@ def s3_server() -> Iterator[S3Server]:
 @pytest.fixture(autouse=True, scope="session")
 def _aws_env() -> Iterator[None]:
     """Fake credentials for boto3's chain; never a real account."""
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                            "AWS_DEFAULT_REGION", "AWS_EC2_METADATA_DISABLED")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
-                      AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    saved = {
+        k: os.environ.get(k)
+        for k in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_DEFAULT_REGION",
+            "AWS_EC2_METADATA_DISABLED",
+        )
+    }
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="testing",
+        AWS_SECRET_ACCESS_KEY="testing",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_EC2_METADATA_DISABLED="true",
+    )
     yield
     for key, value in saved.items():
         if value is None:

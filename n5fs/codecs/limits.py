@@ -41,14 +41,16 @@ def _bounded(dec: _Decompressor, data: bytes, limit: int, what: str) -> tuple[by
     if not getattr(dec, "eof", True):
         # Either the stream is truncated, or more output waits beyond the limit.
         more = getattr(dec, "needs_input", None)
-        if more is False or getattr(dec, "unconsumed_tail", b""):
+        if more is False or getattr(dec, "unconsumed_tail", None):
             raise too_large(limit, what)
         raise CodecError(f"{what} stream is truncated", rule="undecodable")
     unused = getattr(dec, "unused_data", b"")
     return out, unused
 
 
-def zlib_decompress(data: bytes, limit: int, *, wbits: int = zlib.MAX_WBITS, what: str = "zlib") -> bytes:
+def zlib_decompress(
+    data: bytes, limit: int, *, wbits: int = zlib.MAX_WBITS, what: str = "zlib"
+) -> bytes:
     """Decode one zlib/gzip/raw-deflate stream (``wbits`` as in :mod:`zlib`); no trailing data."""
     out, unused = _bounded(zlib.decompressobj(wbits), data, limit, what)
     if unused:
@@ -74,7 +76,9 @@ def bz2_decompress(data: bytes, limit: int, what: str = "bzip2") -> bytes:
     return out
 
 
-def lzma_decompress(data: bytes, limit: int, what: str = "xz", fmt: int = lzma.FORMAT_AUTO) -> bytes:
+def lzma_decompress(
+    data: bytes, limit: int, what: str = "xz", fmt: int = lzma.FORMAT_AUTO
+) -> bytes:
     out, unused = _bounded(lzma.LZMADecompressor(format=fmt), data, limit, what)
     if unused:
         raise CodecError(f"{what} stream has {len(unused)} trailing bytes", rule="trailing-data")
@@ -96,7 +100,7 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 def blosc_decompress(data: bytes, limit: int, what: str = "blosc") -> bytes:
     """Decode one blosc(1) frame; its header states both sizes, so check before decoding."""
-    from numcodecs import Blosc  # noqa: PLC0415 (keeps import of this module cheap)
+    from numcodecs import Blosc
 
     if len(data) < _BLOSC_HEADER:
         raise CodecError(f"{what} frame shorter than its 16-byte header", rule="undecodable")
@@ -121,10 +125,12 @@ def zstd_decompress(data: bytes, limit: int, what: str = "zstd") -> bytes:
     A stated content size over the limit is refused before any work; an unstated one is
     bounded by the output buffer. Bytes after the first frame are not examined.
     """
-    import zstandard  # noqa: PLC0415
+    import zstandard
 
     if not data.startswith(_ZSTD_MAGIC):
-        raise CodecError(f"{what} data does not start with the zstd frame magic", rule="undecodable")
+        raise CodecError(
+            f"{what} data does not start with the zstd frame magic", rule="undecodable"
+        )
     try:
         size = zstandard.get_frame_parameters(data).content_size
         if size != zstandard.CONTENTSIZE_UNKNOWN and size > limit:
@@ -133,6 +139,7 @@ def zstd_decompress(data: bytes, limit: int, what: str = "zstd") -> bytes:
     except zstandard.ZstdError as exc:
         if "did not decompress full frame" in str(exc) or "Destination buffer" in str(exc):
             # Either truncated, or the output would pass the limit: both refused.
-            raise CodecError(f"{what} frame is truncated or decodes past {limit} bytes",
-                             rule="decoded-size") from exc
+            raise CodecError(
+                f"{what} frame is truncated or decodes past {limit} bytes", rule="decoded-size"
+            ) from exc
         raise CodecError(f"{what} stream is corrupt: {exc}", rule="undecodable") from exc

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from n5fs.errors import Rejected
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import numpy as np
 
 
 class NodeKind(enum.Enum):
@@ -87,7 +89,7 @@ class ArrayNode(Node):
     @property
     def grid(self) -> tuple[int, ...]:
         """Number of chunks along each dimension."""
-        return tuple(-(-s // c) if c else 0 for s, c in zip(self.shape, self.chunks))
+        return tuple(-(-s // c) if c else 0 for s, c in zip(self.shape, self.chunks, strict=True))
 
     @abc.abstractmethod
     def classify(self, rel_key: str) -> Classified:
@@ -119,7 +121,7 @@ class ArrayNode(Node):
 
     def in_grid(self, position: tuple[int, ...]) -> bool:
         return len(position) == len(self.grid) and all(
-            0 <= p < g for p, g in zip(position, self.grid)
+            0 <= p < g for p, g in zip(position, self.grid, strict=True)
         )
 
 
@@ -163,13 +165,15 @@ class Format(abc.ABC):
         if not chunks_exist or not isinstance(old, ArrayNode):
             return
         if not isinstance(new, ArrayNode):
-            raise self.rejected(path, "structural-change",
-                                "an array with stored chunks cannot become a group")
+            raise self.rejected(
+                path, "structural-change", "an array with stored chunks cannot become a group"
+            )
         before, after = old.structural(), new.structural()
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         if changed:
             raise self.rejected(
-                path, "structural-change",
+                path,
+                "structural-change",
                 f"changing {', '.join(changed)} would reinterpret the stored chunks; "
                 "delete the chunks first or write a new array",
             )

@@ -7,8 +7,6 @@ commands raise from the error tree. ``set`` is atomic: readers see the old or th
 from __future__ import annotations
 
 import abc
-import os
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -16,7 +14,11 @@ from n5fs.errors import KeyNotFound, ReadOnly
 from n5fs.kvstore.keys import check_key, check_prefix
 
 if TYPE_CHECKING:
+    import os
+    from collections.abc import Iterable, Iterator
     from types import TracebackType
+
+    from typing_extensions import Self
 
     from n5fs.kvstore.spec import StoreSpec
 
@@ -172,7 +174,7 @@ class KvStore(abc.ABC):
     def close(self) -> None:
         self.flush()
 
-    def __enter__(self) -> KvStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(

@@ -15,8 +15,8 @@ _BAD_SEGMENTS = frozenset(("", ".", ".."))
 
 def check_key(key: str) -> str:
     """Return ``key`` unchanged if it is a valid object key, else raise InvalidKey."""
-    if not isinstance(key, str) or not key:
-        raise InvalidKey(str(key), "empty")
+    if not key:
+        raise InvalidKey(key, "empty")
     if "\x00" in key:
         raise InvalidKey(key, "NUL byte")
     if any(part in _BAD_SEGMENTS for part in key.split("/")):

@@ -57,7 +57,9 @@ def driver_class(name: str) -> DriverClass:
     if name not in _DRIVERS:
         _from_entry_points(name)
     if name not in _DRIVERS:
-        raise InvalidSource(f"unknown kvstore driver {name!r}; known: {', '.join(sorted(_DRIVERS))}")
+        raise InvalidSource(
+            f"unknown kvstore driver {name!r}; known: {', '.join(sorted(_DRIVERS))}"
+        )
     target, hint = _DRIVERS[name]
     module_name, _, attr = target.partition(":")
     try:

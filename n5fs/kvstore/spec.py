@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote, unquote
 
+from typing_extensions import Self
+
 from n5fs.errors import InvalidSource
 
 _S = TypeVar("_S", bound="StoreSpec")
@@ -54,7 +56,7 @@ class StoreSpec(abc.ABC):
         """What a URL preserves: equal locations name the same objects."""
         return (self.driver, self.path)
 
-    def with_path(self: _S, path: str) -> _S:
+    def with_path(self, path: str) -> Self:
         return dataclasses.replace(self, path=path)
 
 
@@ -176,8 +178,18 @@ class S3Spec(StoreSpec):
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> S3Spec:
-        _reject_unknown(obj, {"bucket", "path", "endpoint", "aws_region", "aws_credentials",
-                              "requester_pays", "host_header"})
+        _reject_unknown(
+            obj,
+            {
+                "bucket",
+                "path",
+                "endpoint",
+                "aws_region",
+                "aws_credentials",
+                "requester_pays",
+                "host_header",
+            },
+        )
         creds = obj.get("aws_credentials") or {}
         if not isinstance(creds, Mapping):
             raise InvalidSource("s3 spec: 'aws_credentials' must be an object")
@@ -241,8 +253,9 @@ class ZipSpec(StoreSpec):
     @classmethod
     def from_url(cls, rest: str, base: StoreSpec | None) -> ZipSpec:
         if base is None:
-            raise InvalidSource("'zip:' is an adapter: it needs a base before it, e.g. "
-                                "file:///data/x.zip|zip:")
+            raise InvalidSource(
+                "'zip:' is an adapter: it needs a base before it, e.g. file:///data/x.zip|zip:"
+            )
         return cls(path=unquote(rest), base=base)
 
 
@@ -255,7 +268,7 @@ def spec_class(driver: str) -> type[StoreSpec]:
     """The spec class of a driver: built-in, else the one a registered driver declares."""
     if driver in _BUILTIN:
         return _BUILTIN[driver]
-    from n5fs.kvstore.registry import driver_class  # noqa: PLC0415 (registry imports us)
+    from n5fs.kvstore.registry import driver_class
 
     return driver_class(driver).spec_type
 
@@ -274,10 +287,12 @@ def parse_spec(obj: object) -> StoreSpec:
         else:
             return parse_url(text)
     if not isinstance(obj, Mapping):
-        raise InvalidSource(f"a store spec must be a URL or a JSON object, got {type(obj).__name__}")
+        raise InvalidSource(
+            f"a store spec must be a URL or a JSON object, got {type(obj).__name__}"
+        )
     driver = obj.get("driver")
     if not isinstance(driver, str):
-        raise InvalidSource("a JSON store spec needs a 'driver' string, e.g. {\"driver\": \"file\"}")
+        raise InvalidSource('a JSON store spec needs a \'driver\' string, e.g. {"driver": "file"}')
     return spec_class(driver).from_json(obj)
 
 
@@ -292,7 +307,9 @@ def parse_url(url: str) -> StoreSpec:
         cls = _url_class(scheme, root=True)
         spec = cls.from_url(rest, None)
     else:
-        spec = FileSpec(path=os.path.abspath(os.path.expanduser(root)) + ("/" if root.endswith("/") else ""))
+        spec = FileSpec(
+            path=os.path.abspath(os.path.expanduser(root)) + ("/" if root.endswith("/") else "")
+        )
     for part in adapters:
         name, sep, rest = part.partition(":")
         if not sep:

@@ -1,0 +1,1 @@
+"""Command-line entry points. FUSE is imported late so ``--help`` works without libfuse."""

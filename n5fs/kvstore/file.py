@@ -1,0 +1,253 @@
+"""A local directory as a store: atomic, durable writes; nothing escapes the root.
+
+``set`` writes a hidden temp file, fsyncs it, renames it over the key and fsyncs the directory
+(TensorStore's file driver is durable by default; zarr's ``_atomic_write`` is not: we are).
+A key never resolves outside the root, even through a symlink planted inside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import stat as stat_mod
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+from n5fs.errors import AccessDenied, IsAPrefix, KeyNotFound, N5fsError, NotAPrefix
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
+from n5fs.kvstore.keys import check_prefix, dir_prefix
+from n5fs.kvstore.spec import FileSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+#: our own temp files end so; listings never show them
+PARTIAL_SUFFIX = ".n5fs-partial"
+_CHUNK = 1 << 20
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some filesystems refuse fsync on directories
+        if exc.errno not in (errno.EINVAL, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _temp_beside(path: str) -> str:
+    head, name = os.path.split(path)
+    return os.path.join(head, f".{name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str) -> Iterator[BinaryIO]:
+    """Yield a file to write; on success it replaces ``path`` durably, else it vanishes."""
+    tmp = _temp_beside(path)
+    try:
+        with open(tmp, "xb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(os.path.dirname(path))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class FileStore(KvStore):
+    """Keys are files under ``root``; a prefix with nothing under it may exist (a directory)."""
+
+    spec_type = FileSpec
+    empty_prefixes = True
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._spec = FileSpec(path=os.fspath(root))
+        self._root = os.path.abspath(self._spec.path)
+
+    @classmethod
+    def from_spec(cls, spec: FileSpec) -> FileStore:
+        return cls(spec.path)
+
+    @property
+    def spec(self) -> FileSpec:
+        return self._spec
+
+    @property
+    def root(self) -> Path:
+        return Path(self._root)
+
+    # -- path resolution -----------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        path = os.path.join(self._root, self._key(key))
+        self._check_inside(path, key)
+        return path
+
+    def _check_inside(self, path: str, key: str) -> None:
+        # Resolve symlinks of every existing component: a link planted inside the root must
+        # not lead out of it. The root itself may be a symlink (resolved the same way).
+        real_root = os.path.realpath(self._root)
+        real = os.path.realpath(path)
+        if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+            raise AccessDenied(f"{key!r} resolves outside the store root {self._root!r}")
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def _existing(self, key: str) -> str | None:
+        """The path of ``key``; None when a symlink would lead it out of the root (absent)."""
+        try:
+            return self._path(key)
+        except AccessDenied:
+            return None
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        path = self._existing(key)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                if byte_range is None:
+                    return f.read()
+                size = os.fstat(f.fileno()).st_size
+                start, stop = byte_range.resolve(size)
+                f.seek(start)
+                return f.read(stop - start)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+
+    def stat(self, key: str) -> KeyInfo | None:
+        path = self._existing(key)
+        if path is None:
+            return None
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if not stat_mod.S_ISREG(st.st_mode):
+            return None
+        return KeyInfo(key, st.st_size, st.st_mtime)
+
+    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+        check_prefix(prefix)
+        head, _, start = prefix.rpartition("/")
+        base = head + "/" if head else ""
+        if delimiter == "/":
+            return self._list_dir(base, start)
+        return group_listing(self._walk_from(base, start), prefix, delimiter)
+
+    def _list_dir(self, base: str, start: str) -> Listing:
+        keys: list[KeyInfo] = []
+        prefixes: list[str] = []
+        for entry, st in self._scan(base):
+            if not entry.name.startswith(start):
+                continue
+            if stat_mod.S_ISDIR(st.st_mode):
+                prefixes.append(f"{base}{entry.name}/")
+            elif stat_mod.S_ISREG(st.st_mode):
+                keys.append(KeyInfo(base + entry.name, st.st_size, st.st_mtime))
+        keys.sort(key=lambda k: k.key)
+        return Listing(tuple(keys), tuple(sorted(prefixes)))
+
+    def _scan(self, base: str) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]:
+        directory = os.path.join(self._root, base)
+        try:
+            if base:
+                self._check_inside(directory, base)
+            with os.scandir(directory) as it:
+                entries = list(it)
+        except (FileNotFoundError, NotADirectoryError, AccessDenied):
+            return
+        for entry in entries:
+            if entry.name.endswith(PARTIAL_SUFFIX):
+                continue
+            if entry.is_symlink():
+                try:
+                    self._check_inside(entry.path, base + entry.name)
+                    st = os.stat(entry.path)
+                except (OSError, AccessDenied):
+                    continue  # dangling, or leads out of the root: not part of the store
+            else:
+                st = entry.stat(follow_symlinks=False)
+            yield entry, st
+
+    def _walk_from(self, base: str, start: str) -> Iterator[KeyInfo]:
+        for entry, st in self._scan(base):
+            if not entry.name.startswith(start):
+                continue
+            if stat_mod.S_ISDIR(st.st_mode):
+                yield from self._walk_from(f"{base}{entry.name}/", "")
+            elif stat_mod.S_ISREG(st.st_mode):
+                yield KeyInfo(base + entry.name, st.st_size, st.st_mtime)
+
+    # -- commands ------------------------------------------------------------------------------
+
+    def _prepare(self, key: str) -> str:
+        path = self._path(key)
+        self._check_writable(key)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise NotAPrefix(f"cannot store {key!r}: a file is in the way of its folder") from exc
+        if os.path.isdir(path):
+            raise IsAPrefix(f"cannot store {key!r}: it is a folder with keys under it")
+        return path
+
+    def set(self, key: str, value: bytes) -> None:
+        path = self._prepare(key)
+        with atomic_writer(path) as f:
+            f.write(value)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        target = self._prepare(key)
+        with open(path, "rb") as src, atomic_writer(target) as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+
+    def copy(self, src: str, dst: str) -> None:
+        source = self._path(src)
+        if not os.path.isfile(source):
+            raise KeyNotFound(src)
+        self.put_file(dst, source)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        self._check_writable(key)
+        try:
+            os.unlink(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except (IsADirectoryError, PermissionError) as exc:
+            if os.path.isdir(path):
+                return  # a folder is not a key: deleting the key is a no-op
+            raise N5fsError(f"cannot delete {key!r}: {exc}") from exc
+
+    def delete_prefix(self, prefix: str) -> int:
+        check_prefix(prefix)
+        self._check_writable(prefix or "<root>")
+        if prefix and not prefix.endswith("/"):
+            return super().delete_prefix(prefix)
+        count = sum(1 for _ in self._walk_from(prefix, ""))
+        directory = os.path.join(self._root, dir_prefix(prefix))
+        if prefix:
+            self._check_inside(directory, prefix)
+            shutil.rmtree(directory, ignore_errors=True)
+        else:
+            for entry, _ in self._scan(""):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+        return count
+
+    def make_prefix(self, prefix: str) -> None:
+        """Create an empty folder (``mkdir`` on a mount over this store)."""
+        path = self._path(prefix.rstrip("/"))
+        self._check_writable(prefix)
+        os.makedirs(path, exist_ok=True)

@@ -1,0 +1,181 @@
+"""Cross-cutting behaviour as stores that wrap a store (not as flags inside drivers)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from n5fs.errors import N5fsError, ReadOnly, StoreUnavailable
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing
+from n5fs.kvstore.keys import check_key, check_prefix
+
+if TYPE_CHECKING:
+    import os
+    from collections.abc import Callable, Iterable
+
+    from n5fs.kvstore.spec import StoreSpec
+
+
+class ForwardingStore(KvStore):
+    """Passes every call to ``inner``; subclasses override what they change."""
+
+    def __init__(self, inner: KvStore) -> None:
+        self.inner = inner
+
+    @property
+    def spec(self) -> StoreSpec:
+        return self.inner.spec
+
+    @property
+    def empty_prefixes(self) -> bool:  # type: ignore[override]
+        return self.inner.empty_prefixes
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        return self.inner.get(key, byte_range)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.inner.set(key, value)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+        return self.inner.list(prefix, delimiter)
+
+    def stat(self, key: str) -> KeyInfo | None:
+        return self.inner.stat(key)
+
+    def delete_prefix(self, prefix: str) -> int:
+        return self.inner.delete_prefix(prefix)
+
+    def copy(self, src: str, dst: str) -> None:
+        self.inner.copy(src, dst)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        self.inner.put_file(key, path)
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        return self.inner.get_many(keys)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def refresh(self) -> None:
+        self.inner.refresh()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class ReadOnlyStore(ForwardingStore):
+    """Every mutation raises :class:`ReadOnly` (EROFS); reads pass through."""
+
+    writable = False
+
+    def set(self, key: str, value: bytes) -> None:
+        raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")
+
+    def delete(self, key: str) -> None:
+        raise ReadOnly(f"read-only store: cannot delete {check_key(key)!r}")
+
+    def delete_prefix(self, prefix: str) -> int:
+        raise ReadOnly(f"read-only store: cannot delete {check_prefix(prefix)!r}")
+
+    def copy(self, src: str, dst: str) -> None:
+        raise ReadOnly(f"read-only store: cannot write {check_key(dst)!r}")
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")
+
+    def flush(self) -> None:
+        """Nothing to make durable: nothing can have changed."""
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class FaultyStore(ForwardingStore):
+    """Injects backend faults on chosen operations, for tests of error paths.
+
+    ``fail("set")`` makes the next ``set`` raise ``StoreUnavailable`` (or the given error);
+    ``times=None`` keeps failing until :meth:`heal`. ``when`` narrows it to some keys.
+    """
+
+    _OPS = ("get", "set", "delete", "list", "stat", "delete_prefix", "copy", "put_file", "get_many")
+
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self._lock = threading.Lock()
+        self._faults: dict[
+            str, tuple[Callable[[str], N5fsError], int | None, Callable[[str], bool]]
+        ] = {}
+        self.calls: dict[str, int] = dict.fromkeys(self._OPS, 0)
+
+    def fail(
+        self,
+        op: str,
+        error: Callable[[str], N5fsError] = StoreUnavailable,
+        *,
+        times: int | None = 1,
+        when: Callable[[str], bool] = lambda key: True,
+    ) -> None:
+        if op not in self._OPS:
+            raise ValueError(f"unknown operation {op!r}; one of {self._OPS}")
+        with self._lock:
+            self._faults[op] = (error, times, when)
+
+    def heal(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def _maybe_fail(self, op: str, key: str) -> None:
+        with self._lock:
+            self.calls[op] += 1
+            fault = self._faults.get(op)
+            if fault is None or not fault[2](key):
+                return
+            error, times, when = fault
+            if times is not None:
+                if times <= 1:
+                    del self._faults[op]
+                else:
+                    self._faults[op] = (error, times - 1, when)
+        raise error(f"injected fault: {op} {key!r}")
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        self._maybe_fail("get", key)
+        return super().get(key, byte_range)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._maybe_fail("set", key)
+        super().set(key, value)
+
+    def delete(self, key: str) -> None:
+        self._maybe_fail("delete", key)
+        super().delete(key)
+
+    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+        self._maybe_fail("list", prefix)
+        return super().list(prefix, delimiter)
+
+    def stat(self, key: str) -> KeyInfo | None:
+        self._maybe_fail("stat", key)
+        return super().stat(key)
+
+    def delete_prefix(self, prefix: str) -> int:
+        self._maybe_fail("delete_prefix", prefix)
+        return super().delete_prefix(prefix)
+
+    def copy(self, src: str, dst: str) -> None:
+        self._maybe_fail("copy", dst)
+        super().copy(src, dst)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        self._maybe_fail("put_file", key)
+        super().put_file(key, path)
+
+    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
+        keys = list(keys)
+        for key in keys:
+            self._maybe_fail("get_many", key)
+        return super().get_many(keys)

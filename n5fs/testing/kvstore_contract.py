@@ -1,0 +1,246 @@
+"""One contract every KvStore passes, shipped so outside drivers can run it too.
+
+A driver's test is a small subclass: a ``store`` fixture, and ``seed``/``peek`` that reach the
+backend natively (os, boto3, zipfile), so reads and writes are each tested alone. A backend that
+cannot do something says so with a class flag and the test skips with that reason.
+"""
+
+from __future__ import annotations
+
+import abc
+import errno
+import threading
+from typing import TYPE_CHECKING, ClassVar
+
+import pytest
+
+from n5fs.errors import InvalidKey, KeyNotFound, ReadOnly, StoreUnavailable, errno_of
+from n5fs.kvstore.base import ByteRange, KvStore
+from n5fs.kvstore.spec import parse_spec, parse_url
+from n5fs.kvstore.wrappers import FaultyStore, ReadOnlyStore
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+KEYS = ["a", "x/0.0", "n5/0/1/2", "sp ace/ü+%=", ".zarray", "deep/a/b/c/d/e/f/attributes.json"]
+BAD_KEYS = ["../x", "/abs", "a//b", "a/./b", "a/../b", "a\x00b", "", "a/"]
+
+
+class KvStoreContract(abc.ABC):
+    """Subclasses provide a ``store`` fixture and implement ``seed`` and ``peek``."""
+
+    #: the backend reopened from its spec sees the same data (not so for memory://)
+    persistent: ClassVar[bool] = True
+    #: how many keys the large-listing test seeds (pagination needs > 1000 on S3)
+    many_keys: ClassVar[int] = 2500
+
+    @abc.abstractmethod
+    def seed(self, store: KvStore, key: str, value: bytes) -> None:
+        """Put ``value`` in the backend without going through ``store``."""
+
+    @abc.abstractmethod
+    def peek(self, store: KvStore, key: str) -> bytes | None:
+        """Read ``key`` from the backend without going through ``store``."""
+
+    def seed_many(self, store: KvStore, items: Iterable[tuple[str, bytes]]) -> None:
+        for key, value in items:
+            self.seed(store, key, value)
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def test_absent_key_is_none(self, store: KvStore) -> None:
+        assert store.get("nothing/here") is None
+        assert store.get("nothing", ByteRange(0, 3)) is None
+        assert store.stat("nothing") is None
+
+    @pytest.mark.parametrize("key", KEYS)
+    def test_seeded_value_reads_back(self, store: KvStore, key: str) -> None:
+        self.seed(store, key, b"abcde")
+        assert store.get(key) == b"abcde"
+        info = store.stat(key)
+        assert info is not None
+        assert (info.key, info.size) == (key, 5)
+
+    @pytest.mark.parametrize(
+        ("byte_range", "expected"),
+        [
+            (ByteRange(1, 2), b"bc"),
+            (ByteRange(0), b"abcdef"),
+            (ByteRange(4), b"ef"),
+            (ByteRange(-2), b"ef"),
+            (ByteRange(-6), b"abcdef"),
+            (ByteRange(-100), b"abcdef"),
+            (ByteRange(3, 100), b"def"),
+            (ByteRange(6), b""),
+            (ByteRange(10, 2), b""),
+            (ByteRange(2, 0), b""),
+        ],
+    )
+    def test_byte_ranges(self, store: KvStore, byte_range: ByteRange, expected: bytes) -> None:
+        self.seed(store, "r/obj", b"abcdef")
+        assert store.get("r/obj", byte_range) == expected
+
+    def test_empty_value(self, store: KvStore) -> None:
+        store.set("empty", b"")
+        assert store.get("empty") == b""
+        info = store.stat("empty")
+        assert info is not None
+        assert info.size == 0
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("key", KEYS)
+    def test_set_reaches_backend(self, store: KvStore, key: str) -> None:
+        store.set(key, b"v1")
+        store.set(key, b"value two")
+        store.flush()
+        assert self.peek(store, key) == b"value two"
+        assert store.get(key) == b"value two"
+
+    def test_delete(self, store: KvStore) -> None:
+        self.seed(store, "d/k", b"x")
+        store.delete("d/k")
+        store.delete("d/k")  # absent: a no-op, like rm -f
+        store.delete("never/was")
+        store.flush()
+        assert store.get("d/k") is None
+        assert self.peek(store, "d/k") is None
+
+    def test_put_file(self, store: KvStore, tmp_path: object) -> None:
+        import pathlib
+
+        src = pathlib.Path(str(tmp_path)) / "src.bin"
+        src.write_bytes(b"from a file" * 1000)
+        store.put_file("pf/obj", src)
+        store.flush()
+        assert self.peek(store, "pf/obj") == src.read_bytes()
+
+    def test_copy(self, store: KvStore) -> None:
+        self.seed(store, "c/src", b"payload")
+        store.copy("c/src", "c/dst")
+        store.flush()
+        assert store.get("c/dst") == b"payload"
+        assert self.peek(store, "c/dst") == b"payload"
+        assert store.get("c/src") == b"payload"
+        with pytest.raises(KeyNotFound):
+            store.copy("c/absent", "c/x")
+
+    def test_overwrite_is_never_torn(self, store: KvStore) -> None:
+        old, new = b"a" * (1 << 20), b"b" * (1 << 20) + b"b"
+        store.set("t/obj", old)
+        seen: list[bytes | None] = []
+        done = threading.Event()
+
+        def reader() -> None:
+            while not done.is_set():
+                seen.append(store.get("t/obj"))
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            for i in range(6):
+                store.set("t/obj", new if i % 2 == 0 else old)
+        finally:
+            done.set()
+            thread.join()
+        assert seen, "the reader never ran"
+        assert all(value in (old, new) for value in seen)
+
+    # -- listing ---------------------------------------------------------------------------------
+
+    def test_list_with_delimiter(self, store: KvStore) -> None:
+        self.seed_many(store, [(k, b"1") for k in ("top", "g/a", "g/b", "g/sub/c", "h/d")])
+        root = store.list("")
+        assert [k.key for k in root.keys] == ["top"]
+        assert list(root.prefixes) == ["g/", "h/"]
+        g = store.list("g/")
+        assert [k.key for k in g.keys] == ["g/a", "g/b"]
+        assert list(g.prefixes) == ["g/sub/"]
+        assert all(k.size == 1 for k in g.keys)
+        assert store.list("absent/").keys == ()
+
+    def test_list_without_delimiter(self, store: KvStore) -> None:
+        self.seed_many(store, [(k, b"1") for k in ("g/a", "g/sub/c", "g/sub/deeper/d", "z")])
+        assert store.list("g/", delimiter=None).names() == ["g/a", "g/sub/c", "g/sub/deeper/d"]
+        assert [k.key for k in store.walk("")] == ["g/a", "g/sub/c", "g/sub/deeper/d", "z"]
+
+    def test_list_many_keys(self, store: KvStore) -> None:
+        n = self.many_keys
+        names = [f"big/{i // 100}.{i % 100}" for i in range(n)]
+        self.seed_many(store, [(k, b"") for k in names] + [("big/sub/x", b"")])
+        listing = store.list("big/")
+        assert listing.names() == sorted(names)
+        assert list(listing.prefixes) == ["big/sub/"]
+
+    def test_delete_prefix(self, store: KvStore) -> None:
+        self.seed_many(store, [(k, b"1") for k in ("p/a", "p/q/b", "p/q/c", "pp/keep", "keep")])
+        assert store.delete_prefix("p/") == 3
+        store.flush()
+        assert store.list("", delimiter=None).names() == ["keep", "pp/keep"]
+        assert self.peek(store, "p/q/b") is None
+        assert self.peek(store, "pp/keep") == b"1"
+
+    def test_get_many(self, store: KvStore) -> None:
+        self.seed_many(store, [(f"m/{i}", bytes([i])) for i in range(20)])
+        got = store.get_many([f"m/{i}" for i in range(20)] + ["m/absent"])
+        assert got["m/absent"] is None
+        assert all(got[f"m/{i}"] == bytes([i]) for i in range(20))
+
+    # -- refusals --------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("key", BAD_KEYS)
+    @pytest.mark.parametrize("op", ["get", "stat", "delete", "set"])
+    def test_bad_key_refused(self, store: KvStore, key: str, op: str) -> None:
+        args: tuple[object, ...] = (key, b"x") if op == "set" else (key,)
+        with pytest.raises(InvalidKey) as info:
+            getattr(store, op)(*args)
+        assert errno_of(info.value) == errno.EINVAL
+
+    def test_read_only_wrapper(self, store: KvStore) -> None:
+        self.seed(store, "ro/k", b"kept")
+        ro = ReadOnlyStore(store)
+        assert ro.get("ro/k") == b"kept"
+        for call in (
+            lambda: ro.set("ro/k", b"x"),
+            lambda: ro.delete("ro/k"),
+            lambda: ro.delete_prefix("ro/"),
+            lambda: ro.copy("ro/k", "ro/j"),
+        ):
+            with pytest.raises(ReadOnly) as info:
+                call()
+            assert errno_of(info.value) == errno.EROFS
+        assert store.get("ro/k") == b"kept"
+
+    def test_faults_are_typed(self, store: KvStore) -> None:
+        self.seed(store, "f/k", b"v")
+        faulty = FaultyStore(store)
+        faulty.fail("get")
+        with pytest.raises(StoreUnavailable) as info:
+            faulty.get("f/k")
+        assert errno_of(info.value) == errno.EIO
+        assert faulty.get("f/k") == b"v"  # one fault, then the store answers again
+        faulty.fail("set", times=None)
+        for _ in range(2):
+            with pytest.raises(StoreUnavailable):
+                faulty.set("f/k", b"w")
+        faulty.heal()
+        faulty.set("f/k", b"w")
+        assert store.get("f/k") == b"w"
+
+    # -- specs -----------------------------------------------------------------------------------
+
+    def test_spec_round_trips(self, store: KvStore) -> None:
+        spec = store.spec
+        assert parse_spec(spec.to_json()) == spec
+        assert parse_spec(spec) is spec
+        assert parse_url(spec.to_url()).location == spec.location
+
+    def test_reopened_from_spec_sees_data(self, store: KvStore) -> None:
+        if not self.persistent:
+            pytest.skip("this backend does not outlive its store object")
+        from n5fs.kvstore import open_store
+
+        store.set("re/k", b"persisted")
+        store.flush()
+        with open_store(store.spec.to_json()) as again:
+            assert again.get("re/k") == b"persisted"

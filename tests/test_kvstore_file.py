@@ -1,0 +1,158 @@
+"""What only the file store must do: stay inside its root, write atomically, hide its temps."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from n5fs.errors import AccessDenied, IsAPrefix, NotAPrefix, errno_of
+from n5fs.kvstore import open_store
+from n5fs.kvstore.file import PARTIAL_SUFFIX, FileStore
+from n5fs.kvstore.memory import MemoryStore
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> FileStore:
+    return FileStore(tmp_path / "root")
+
+
+def test_symlink_out_of_root_is_never_followed(store: FileStore, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"s")
+    store.set("inside", b"i")
+    os.symlink(outside, store.root / "link")
+    os.symlink(outside / "secret", store.root / "filelink")
+    assert store.get("link/secret") is None
+    assert store.get("filelink") is None
+    assert store.stat("link/secret") is None
+    assert store.list("").names() == ["inside"]
+    assert list(store.list("").prefixes) == []
+    with pytest.raises(AccessDenied):
+        store.set("link/planted", b"x")
+    assert not (outside / "planted").exists()
+
+
+def test_symlink_inside_root_is_served(store: FileStore) -> None:
+    store.set("real/a", b"1")
+    os.symlink(store.root / "real", store.root / "alias")
+    assert store.get("alias/a") == b"1"
+
+
+def test_temp_files_are_hidden(store: FileStore) -> None:
+    store.set("k", b"1")
+    (store.root / f".k.123{PARTIAL_SUFFIX}").write_bytes(b"half")
+    (store.root / ".rsync.tmp").write_bytes(b"user temp files are keys")
+    assert store.list("").names() == [".rsync.tmp", "k"]
+
+
+def test_failed_write_keeps_old_value_and_leaves_no_temp(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store.set("k", b"old")
+
+    def broken_replace(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "disk full")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk full"):
+        store.set("k", b"new")
+    monkeypatch.undo()
+    assert store.get("k") == b"old"
+    assert sorted(os.listdir(store.root)) == ["k"]
+
+
+def test_write_is_durable(store: FileStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    store.set("a/b", b"x")
+    assert len(synced) >= 2  # the file, then its directory
+
+
+def test_key_conflicts_have_errnos(store: FileStore) -> None:
+    store.set("a", b"file")
+    with pytest.raises(NotAPrefix) as info:
+        store.set("a/b", b"x")
+    assert errno_of(info.value) == errno.ENOTDIR
+    store.set("d/x", b"1")
+    with pytest.raises(IsAPrefix) as info2:
+        store.set("d", b"x")
+    assert errno_of(info2.value) == errno.EISDIR
+    store.delete("d")  # a folder is not a key
+    assert store.get("d/x") == b"1"
+
+
+def test_empty_prefix_survives_and_lists(store: FileStore) -> None:
+    store.make_prefix("empty/dir")
+    assert list(store.list("").prefixes) == ["empty/"]
+    assert list(store.list("empty/").prefixes) == ["empty/dir/"]
+
+
+def test_delete_prefix_of_root(store: FileStore) -> None:
+    for key in ("a", "b/c", "b/d/e"):
+        store.set(key, b"1")
+    assert store.delete_prefix("") == 3
+    assert store.list("", delimiter=None).names() == []
+    assert store.root.is_dir()
+
+
+def test_bare_path_and_file_url_open_the_same_store(tmp_path: Path) -> None:
+    (tmp_path / "k").write_bytes(b"v")
+    assert open_store(str(tmp_path)).get("k") == b"v"
+    assert open_store(f"file://{tmp_path}/").get("k") == b"v"
+    assert open_store({"driver": "file", "path": str(tmp_path)}).get("k") == b"v"
+
+
+keys = st.lists(st.sampled_from(["a", "b", "c d", "ü"]), min_size=1, max_size=3).map("/".join)
+
+
+class FileVsMemory(RuleBasedStateMachine):
+    """The file store and the dict store agree on every sequence of operations."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        self._dir = tempfile.TemporaryDirectory()
+        self.file = FileStore(self._dir.name)
+        self.memory = MemoryStore()
+
+    @rule(key=keys, data=st.binary(max_size=32))
+    def set(self, key: str, data: bytes) -> None:
+        # The file store cannot hold "a" and "a/b" at once; the dict store could: keep to
+        # what both can represent.
+        try:
+            self.file.set(key, data)
+        except (NotAPrefix, IsAPrefix):
+            return
+        self.memory.set(key, data)
+
+    @rule(key=keys)
+    def delete(self, key: str) -> None:
+        self.file.delete(key)
+        self.memory.delete(key)
+
+    @rule(key=keys)
+    def delete_prefix(self, key: str) -> None:
+        assert self.file.delete_prefix(key + "/") == self.memory.delete_prefix(key + "/")
+
+    @invariant()
+    def same_keys_and_values(self) -> None:
+        names = self.memory.list("", delimiter=None).names()
+        assert self.file.list("", delimiter=None).names() == names
+        for name in names:
+            assert self.file.get(name) == self.memory.get(name)
+
+    def teardown(self) -> None:
+        self._dir.cleanup()
+
+
+TestFileVsMemory = FileVsMemory.TestCase
+TestFileVsMemory.settings = settings(max_examples=40, stateful_step_count=20, deadline=None)
