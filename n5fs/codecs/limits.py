@@ -119,18 +119,47 @@ def blosc_decompress(data: bytes, limit: int, what: str = "blosc") -> bytes:
         raise CodecError(f"{what} frame is corrupt: {exc}", rule="undecodable") from exc
 
 
-def zstd_decompress(data: bytes, limit: int, what: str = "zstd") -> bytes:
-    """Decode one zstd frame (with or without a content size in its header), at most ``limit``.
+def _zstd_frame_end(data: bytes, what: str) -> int:
+    """Where the first zstd frame ends, from its block headers (no decoding).
 
-    A stated content size over the limit is refused before any work; an unstated one is
-    bounded by the output buffer. Bytes after the first frame are not examined.
+    Each block starts with 3 bytes: last-block bit, type (raw, RLE, compressed) and size;
+    an RLE block carries one byte, the others ``size`` bytes; a checksum may follow.
+    """
+    import zstandard
+
+    try:
+        pos = zstandard.frame_header_size(data)
+    except zstandard.ZstdError as exc:
+        raise CodecError(f"{what} frame header is corrupt: {exc}", rule="undecodable") from exc
+    has_checksum = bool(data[4] & 0x04)
+    while True:
+        if pos + 3 > len(data):
+            raise CodecError(f"{what} frame is truncated", rule="undecodable")
+        header = int.from_bytes(data[pos : pos + 3], "little")
+        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+        pos += 3 + (1 if kind == 1 else size)
+        if kind == 3:
+            raise CodecError(f"{what} frame has a reserved block type", rule="undecodable")
+        if last:
+            return pos + (4 if has_checksum else 0)
+
+
+def zstd_decompress(data: bytes, limit: int, what: str = "zstd") -> bytes:
+    """Decode exactly one zstd frame (with or without a content size), at most ``limit``.
+
+    A stated content size over the limit is refused before any work; an unstated one (Java's
+    streaming writers) is bounded by the output buffer. Bytes after the frame are refused.
     """
     import zstandard
 
     if not data.startswith(_ZSTD_MAGIC):
-        raise CodecError(
-            f"{what} data does not start with the zstd frame magic", rule="undecodable"
-        )
+        raise CodecError(f"{what} data does not start with the zstd frame magic", rule="undecodable")
+    end = _zstd_frame_end(data, what)
+    if end > len(data):
+        raise CodecError(f"{what} frame is truncated", rule="undecodable")
+    if end < len(data):
+        raise CodecError(f"{what} data has {len(data) - end} bytes after its frame",
+                         rule="trailing-data")
     try:
         size = zstandard.get_frame_parameters(data).content_size
         if size != zstandard.CONTENTSIZE_UNKNOWN and size > limit:
@@ -139,7 +168,6 @@ def zstd_decompress(data: bytes, limit: int, what: str = "zstd") -> bytes:
     except zstandard.ZstdError as exc:
         if "did not decompress full frame" in str(exc) or "Destination buffer" in str(exc):
             # Either truncated, or the output would pass the limit: both refused.
-            raise CodecError(
-                f"{what} frame is truncated or decodes past {limit} bytes", rule="decoded-size"
-            ) from exc
+            raise CodecError(f"{what} frame is truncated or decodes past {limit} bytes",
+                             rule="decoded-size") from exc
         raise CodecError(f"{what} stream is corrupt: {exc}", rule="undecodable") from exc
