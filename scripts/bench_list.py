@@ -1,0 +1,183 @@
+"""List throughput of one chunk folder, as the gateway lists it (one level, ``/`` delimiter).
+
+Measures the file store and the S3 store (on a moto server this script starts on 127.0.0.1,
+port 0, and stops at the end), each beside direct access in the same run (``os.scandir`` +
+``stat``; a bare boto3 paginator), so the table shows what the store layer costs.
+
+    /work/venv/bin/python scripts/bench_list.py [--keys 2500] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import boto3
+
+from n5fs.kvstore.s3 import S3Store
+from n5fs.kvstore.spec import S3Spec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+try:
+    from n5fs.kvstore.file import FileStore
+except ImportError:  # the file driver is younger than this script
+    FileStore = None  # type: ignore[assignment,misc]
+
+Results = dict[str, tuple[list[float], int]]  # what -> (seconds per run, keys listed)
+
+FOLDER = "vol/c/"
+VALUE = b"\x00" * 64
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A moto server on a free loopback port; yields its endpoint, stops it on exit."""
+    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+    proc = subprocess.Popen(
+        [*cmd, "-H", "127.0.0.1", "-p", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    assert proc.stdout is not None
+    port = None
+    for line in proc.stdout:
+        match = re.search(rb"Running on http://127\.0\.0\.1:(\d+)", line)
+        if match:
+            port = int(match.group(1))
+            break
+    if port is None:
+        proc.kill()
+        raise RuntimeError("moto_server did not start")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def chunk_names(n: int) -> list[str]:
+    side = max(1, int(n**0.5))
+    return [f"{i // side}.{i % side}" for i in range(n)]
+
+
+def timed(calls: dict[str, Callable[[], int]], repeat: int) -> Results:
+    """Round-robin over ``calls`` so drift (server state, caches) hits each one alike."""
+    for call in calls.values():
+        call()  # warm up: imports, connections, directory cache
+    out: Results = {what: ([], 0) for what in calls}
+    for _ in range(repeat):
+        for what, call in calls.items():
+            start = time.perf_counter()
+            count = call()
+            out[what][0].append(time.perf_counter() - start)
+            out[what] = (out[what][0], count)
+    return out
+
+
+def bench_file(names: list[str], repeat: int) -> Results:
+    if FileStore is None:
+        return {}
+    root = Path(tempfile.mkdtemp(prefix="n5fs-bench-"))
+    try:
+        folder = root / FOLDER
+        folder.mkdir(parents=True)
+        for name in names:
+            (folder / name).write_bytes(VALUE)
+        store = FileStore(root)
+
+        def direct() -> int:
+            with os.scandir(folder) as entries:
+                return len([(e.name, e.stat().st_size) for e in entries])
+
+        return timed(
+            {
+                "file: os.scandir+stat": direct,
+                "file: FileStore.list": lambda: len(store.list(FOLDER).keys),
+            },
+            repeat,
+        )
+    finally:
+        shutil.rmtree(root)
+
+
+def bench_s3(names: list[str], repeat: int) -> Results:
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    with moto_server() as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        bucket = f"bench-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=bucket)
+        with ThreadPoolExecutor(8) as pool:
+            list(
+                pool.map(
+                    lambda n: client.put_object(Bucket=bucket, Key=FOLDER + n, Body=VALUE), names
+                )
+            )
+        store = S3Store(S3Spec(bucket=bucket, endpoint=endpoint, aws_region="us-east-1"))
+        paginator = client.get_paginator("list_objects_v2")
+
+        def direct() -> int:
+            pages = paginator.paginate(Bucket=bucket, Prefix=FOLDER, Delimiter="/")
+            return sum(len(page.get("Contents", ())) for page in pages)
+
+        try:
+            return timed(
+                {
+                    "s3 (moto): boto3 paginator": direct,
+                    "s3 (moto): S3Store.list": lambda: len(store.list(FOLDER).keys),
+                },
+                repeat,
+            )
+        finally:
+            store.close()
+
+
+def report(results: Results, keys: int, repeat: int) -> None:
+    print(f"\nlisting one folder of {keys} keys with delimiter '/', best and median of {repeat}")
+    print(
+        f"{'what':30} {'keys':>6} {'best ms':>9} {'median ms':>10} {'keys/s (best)':>14}"
+        f" {'vs direct':>10}"
+    )
+    direct_best = 0.0
+    for what, (seconds, count) in results.items():
+        best, median = min(seconds), statistics.median(seconds)
+        ratio = f"{best / direct_best:9.2f}x" if "direct" not in what and direct_best else ""
+        if "scandir" in what or "paginator" in what:
+            direct_best, ratio = best, "  (direct)"
+        print(
+            f"{what:30} {count:6d} {best * 1e3:9.2f} {median * 1e3:10.2f}"
+            f" {count / best:14,.0f} {ratio:>10}"
+        )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=2500)
+    parser.add_argument("--repeat", type=int, default=7)
+    args = parser.parse_args()
+    names = chunk_names(args.keys)
+    results = bench_file(names, args.repeat)
+    if not results:
+        print("n5fs.kvstore.file is not there yet: measuring S3 only")
+    results.update(bench_s3(names, args.repeat))
+    report(results, args.keys, args.repeat)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
