@@ -1,0 +1,442 @@
+"""Zarr v2 chunk pipeline: ``filters`` then ``compressor``, built with :func:`numcodecs.get_codec`.
+
+Decoding is bounded: the size a stage must produce is computed forward from the chunk's byte
+size through every filter whose effect on size is known, so a compressor is asked for exactly
+that many bytes (or refused past a cap), using the bounded decoders of
+:mod:`n5fs.codecs.limits` wherever the codec has one.
+
+Object arrays (``"|O"``) carry an object codec as their first filter. Their chunks are checked
+without building Python objects from untrusted code: a ``pickle`` chunk is *never* unpickled;
+its opcode stream is walked statically (:func:`pickletools.genops`) to check the framing and
+that every global it names is on :data:`SAFE_PICKLE_GLOBALS`.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import pickletools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numcodecs
+import numpy as np
+from numcodecs.compat import ensure_bytes
+
+from n5fs.codecs import limits
+from n5fs.codecs.limits import CodecError, check_size
+
+Codec = Any  # numcodecs.abc.Codec; numcodecs ships no type information
+
+#: object codecs zarr v2 accepts as the first filter of an ``"|O"`` array
+OBJECT_CODECS = frozenset(
+    {"pickle", "json2", "msgpack2", "vlen-utf8", "vlen-bytes", "vlen-array", "categorize"}
+)
+#: the widest any known filter makes data (AsType int8 -> complex128); bounds unknown filters
+MAX_FILTER_EXPANSION = 16
+#: decoded-size cap for object chunks, whose decoded size no metadata states
+DEFAULT_OBJECT_LIMIT = 256 << 20
+#: the only globals a stored pickle may name: what numpy object arrays of plain values need
+# fmt: off
+SAFE_PICKLE_GLOBALS = frozenset((
+    "numpy.ndarray", "numpy.dtype", "_codecs.encode", "copyreg._reconstructor",
+    "copy_reg._reconstructor", "numpy.core.multiarray._reconstruct",
+    "numpy._core.multiarray._reconstruct", "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar", "numpy.core.numeric._frombuffer",
+    "numpy._core.numeric._frombuffer", "collections.OrderedDict", "decimal.Decimal",
+    "uuid.UUID", "fractions.Fraction", "datetime.date", "datetime.datetime", "datetime.time",
+    "datetime.timedelta", "datetime.timezone",
+    *(f"{module}.{name}" for module in ("builtins", "__builtin__") for name in (
+        "object", "set", "frozenset", "complex", "bytearray", "slice", "range", "list", "dict",
+        "tuple", "int", "float", "str", "bytes", "bool")),
+))
+# fmt: on
+
+
+def build_codec(config: Any, *, what: str) -> Codec:
+    """Instantiate one codec from its JSON config; unknown ids and bad parameters are refused."""
+    if not isinstance(config, Mapping) or not isinstance(config.get("id"), str):
+        raise CodecError(
+            f"{what} must be an object with a string 'id', got {config!r:.80}", rule="codec-config"
+        )
+    codec_id = config["id"]
+    try:
+        return numcodecs.get_codec(dict(config))
+    except numcodecs.errors.UnknownCodecError as exc:
+        raise CodecError(
+            f"{what}: unknown codec id {codec_id!r} (numcodecs has no such codec)",
+            rule="unknown-codec",
+        ) from exc
+    except Exception as exc:  # a codec constructor may raise anything on bad parameters
+        raise CodecError(
+            f"{what}: codec {codec_id!r} refuses its configuration: {exc}", rule="codec-config"
+        ) from exc
+
+
+# --- how each known filter changes the byte size (None: not known) -------------------------
+
+
+def _retyped(decoded: str, encoded: str) -> Callable[[Codec, int], int | None]:
+    """Size rule for filters that convert elements from dtype ``decoded`` to ``encoded``."""
+
+    def size(codec: Codec, nbytes: int) -> int | None:
+        src = np.dtype(getattr(codec, decoded)).itemsize
+        dst = np.dtype(getattr(codec, encoded)).itemsize
+        return nbytes // src * dst if src and nbytes % src == 0 else None
+
+    return size
+
+
+_SIZE_RULES: dict[str, Callable[[Codec, int], int | None]] = {
+    "delta": _retyped("dtype", "astype"),
+    "fixedscaleoffset": _retyped("dtype", "astype"),
+    "quantize": _retyped("dtype", "astype"),
+    "astype": _retyped("decode_dtype", "encode_dtype"),
+    "shuffle": lambda _c, n: n,
+    "bitround": lambda _c, n: n,
+    "packbits": lambda _c, n: 1 + -(-n // 8),
+    "base64": lambda _c, n: 4 * -(-n // 3),
+    **dict.fromkeys(
+        ("crc32", "adler32", "fletcher32", "jenkins_lookup3", "crc32c"), lambda _c, n: n + 4
+    ),
+}
+
+
+def encoded_nbytes(codec: Codec, nbytes: int | None) -> int | None:
+    """Bytes ``codec`` encodes ``nbytes`` into, when its rule is known."""
+    rule = _SIZE_RULES.get(codec.codec_id)
+    return None if rule is None or nbytes is None else rule(codec, nbytes)
+
+
+# --- one bounded decode step ----------------------------------------------------------------
+
+
+def _lzma(codec: Codec, data: bytes, limit: int) -> bytes | None:
+    if codec.format == lzma.FORMAT_RAW:
+        return None  # raw streams need filter chains the bounded decoder does not take
+    return limits.lzma_decompress(data, limit, fmt=codec.format)
+
+
+def _lz4(codec: Codec, data: bytes, limit: int) -> bytes | None:
+    """numcodecs LZ4 frames start with the decoded size (4 bytes, little-endian): check first."""
+    if len(data) < 4:
+        raise CodecError("lz4 chunk shorter than its 4-byte size header", rule="undecodable")
+    stated = int.from_bytes(data[:4], "little")
+    if stated > limit:
+        raise limits.too_large(limit, "lz4")
+    return None  # the header bounds numcodecs' allocation: let it decode
+
+
+_BOUNDED: dict[str, Callable[[Codec, bytes, int], bytes | None]] = {
+    "zlib": lambda _c, d, n: limits.zlib_decompress(d, n),
+    "gzip": lambda _c, d, n: limits.gzip_decompress(d, n),
+    "bz2": lambda _c, d, n: limits.bz2_decompress(d, n),
+    "blosc": lambda _c, d, n: limits.blosc_decompress(d, n),
+    "zstd": lambda _c, d, n: limits.zstd_decompress(d, n),
+    "lzma": _lzma,
+    "lz4": _lz4,
+}
+
+
+def _nbytes(buf: Any) -> int:
+    return int(buf.nbytes) if isinstance(buf, np.ndarray) else memoryview(buf).nbytes
+
+
+def decode_stage(codec: Codec, buf: Any, exact: int | None, limit: int) -> Any:
+    """Decode one stage: at most ``limit`` bytes, exactly ``exact`` when that is known."""
+    bounded = _BOUNDED.get(codec.codec_id)
+    out = bounded(codec, bytes(buf), limit) if bounded is not None else None
+    if out is None:
+        try:
+            out = codec.decode(buf)
+        except Exception as exc:  # third-party decoders raise anything on corrupt input
+            raise CodecError(
+                f"{codec.codec_id} cannot decode the chunk: {exc}", rule="undecodable"
+            ) from exc
+    size = _nbytes(out)
+    if size > limit:
+        raise limits.too_large(limit, codec.codec_id)
+    if exact is not None:
+        check_size(size, exact, codec.codec_id)
+    return out
+
+
+# --- object codecs: checked, never executed ---------------------------------------------------
+
+_STRING_OPS = frozenset(
+    {
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+        "UNICODE",
+        "BINUNICODE",
+        "SHORT_BINUNICODE",
+        "BINUNICODE8",
+    }
+)
+_NO_STACK_OPS = frozenset({"PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"})
+
+
+def check_pickle(data: bytes, *, protocol: int) -> None:
+    """Check a pickle's framing and the globals it names, without unpickling it.
+
+    :func:`pickletools.genops` only parses opcodes. The walk tracks which strings sit on top
+    of the stack (and in the memo) so ``STACK_GLOBAL`` can be named; a global that cannot be
+    named, or is not on the allow-list, is refused: loading it would run arbitrary code.
+    """
+    if protocol >= 2 and (len(data) < 2 or data[0] != 0x80 or not 2 <= data[1] <= 5):
+        raise CodecError("pickle chunk lacks the protocol header (0x80, 2..5)", rule="pickle")
+    walk = _PickleWalk()
+    try:
+        for op, arg, pos in pickletools.genops(data):
+            walk.step(op.name, arg, pos)
+    except CodecError:
+        raise
+    except ValueError as exc:
+        raise CodecError(f"pickle chunk is malformed: {exc}", rule="pickle") from exc
+    if walk.end != len(data):
+        raise CodecError("pickle chunk does not end with its STOP opcode", rule="pickle")
+
+
+class _PickleWalk:
+    """Which strings are on top of the pickle stack and in its memo: just enough to name globals.
+
+    Every opcode that touches the stack is recorded, so the last two records are strings only
+    when the last two pushes were strings: a crafted stream cannot make a global look safe.
+    """
+
+    def __init__(self) -> None:
+        self.recent: list[str | None] = []
+        self.memo: dict[int, str | None] = {}
+        self.end = -1
+
+    def step(self, name: str, arg: Any, pos: int | None) -> None:
+        top = self.recent[-1] if self.recent else None
+        if name == "STOP":
+            self.end = -1 if pos is None else pos + 1
+        elif name in ("GLOBAL", "INST"):
+            _check_global(str(arg).replace(" ", "."))
+        elif name == "STACK_GLOBAL":
+            pair = self.recent[-2:]
+            module, qualname = pair if len(pair) == 2 else [None, None]
+            _check_global(None if module is None or qualname is None else f"{module}.{qualname}")
+        elif name.startswith("EXT"):
+            _check_global(None)  # the extension registry can name any global
+        elif name == "MEMOIZE":
+            self.memo[len(self.memo)] = top
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            self.memo[int(arg)] = top
+        if name in _NO_STACK_OPS:
+            return
+        if name in _STRING_OPS:
+            self.recent.append(str(arg))
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            self.recent.append(self.memo.get(int(arg)))
+        else:
+            self.recent.append(None)
+        del self.recent[:-2]
+
+
+def _check_global(name: str | None) -> None:
+    if name is None:
+        raise CodecError(
+            "pickle chunk loads a global it does not name plainly; refused "
+            "(loading it could run arbitrary code)",
+            rule="pickle-global",
+        )
+    if name not in SAFE_PICKLE_GLOBALS:
+        raise CodecError(
+            f"pickle chunk loads {name!r}, which is not a plain value type; "
+            "refused (unpickling it could run arbitrary code)",
+            rule="pickle-global",
+        )
+
+
+def check_vlen_count(data: Any, count: int, codec_id: str) -> None:
+    """VLen chunks start with the item count (4 bytes, little-endian): it must be the chunk's."""
+    head = bytes(memoryview(data)[:4])
+    if len(head) < 4:
+        raise CodecError(f"{codec_id} chunk shorter than its 4-byte item count", rule="undecodable")
+    stated = int.from_bytes(head, "little")
+    if stated != count:
+        raise CodecError(
+            f"{codec_id} chunk holds {stated} items, the chunk has {count} elements",
+            rule="decoded-size",
+        )
+
+
+def decode_json_objects(data: Any, count: int) -> np.ndarray[Any, Any]:
+    """numcodecs JSON chunks are ``[item..., dtype, shape]``; parsed here without trusting dtype."""
+    try:
+        items = json.loads(bytes(data))
+    except (ValueError, RecursionError) as exc:
+        raise CodecError(f"json2 chunk is not JSON: {exc}", rule="undecodable") from exc
+    if not isinstance(items, list) or len(items) < 2 or not isinstance(items[-1], list):
+        raise CodecError("json2 chunk is not [items..., dtype, shape]", rule="undecodable")
+    shape = items[-1]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise CodecError(f"json2 chunk states a bad shape {shape!r:.60}", rule="undecodable")
+    if len(items) - 2 != count or int(np.prod(shape, dtype=object)) != count:
+        raise CodecError(
+            f"json2 chunk holds {len(items) - 2} items (shape {shape}), "
+            f"the chunk has {count} elements",
+            rule="decoded-size",
+        )
+    out = np.empty(count, dtype=object)
+    for i, item in enumerate(items[:-2]):
+        out[i] = item  # item by item: numpy would broadcast nested lists
+    return out
+
+
+def _or(size: int | None, cap: int) -> int:
+    return cap if size is None else size
+
+
+# --- the pipeline ---------------------------------------------------------------------------
+
+
+class V2Pipeline:
+    """The ``filters`` + ``compressor`` of one ``.zarray``, with bounded, size-checked decoding.
+
+    ``dtype`` is the array's; for ``"|O"`` the first filter must be an object codec.
+    """
+
+    def __init__(
+        self,
+        compressor: Any,
+        filters: Any,
+        dtype: np.dtype[Any],
+        *,
+        object_limit: int = DEFAULT_OBJECT_LIMIT,
+    ) -> None:
+        if filters is not None and not isinstance(filters, list):
+            raise CodecError(
+                f"filters must be null or a list, got {filters!r:.60}", rule="codec-config"
+            )
+        self.filters: tuple[Codec, ...] = tuple(
+            build_codec(f, what=f"filters[{i}]") for i, f in enumerate(filters or ())
+        )
+        self.compressor: Codec | None = (
+            None if compressor is None else build_codec(compressor, what="compressor")
+        )
+        self.dtype = dtype
+        self.object_limit = object_limit
+        if dtype.hasobject:
+            first = self.filters[0].codec_id if self.filters else None
+            if first not in OBJECT_CODECS:
+                raise CodecError(
+                    "an object ('|O') array needs an object codec as its first filter "
+                    f"(one of {', '.join(sorted(OBJECT_CODECS))}), got {first!r}",
+                    rule="object-codec",
+                )
+            protocol = getattr(self.filters[0], "protocol", 5)
+            if first == "pickle" and (not isinstance(protocol, int) or not -1 <= protocol <= 5):
+                raise CodecError(
+                    f"pickle protocol must be -1..5, got {protocol!r:.20}", rule="codec-config"
+                )
+
+    @property
+    def is_object(self) -> bool:
+        return bool(self.dtype.hasobject)
+
+    def configs(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]] | None]:
+        """(compressor, filters) as numcodecs normalises them: defaults filled in."""
+        comp = None if self.compressor is None else dict(self.compressor.get_config())
+        return comp, [dict(f.get_config()) for f in self.filters] or None
+
+    def summary(self) -> str:
+        names = [c.codec_id for c in (*self.filters, self.compressor) if c is not None]
+        return " | ".join(names) or "raw"
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def _sizes(self, nbytes: int | None) -> list[int | None]:
+        """Byte size before each filter and after the last one (what the compressor yields)."""
+        sizes = [nbytes]
+        for codec in self.filters:
+            sizes.append(encoded_nbytes(codec, sizes[-1]))
+        return sizes
+
+    def _unfilter(self, data: bytes, nbytes: int | None, stop: int) -> Any:
+        """Undo the compressor and filters ``stop..`` (in reverse); each stage size-checked."""
+        sizes = self._sizes(nbytes)
+        cap = self.object_limit if nbytes is None else nbytes * MAX_FILTER_EXPANSION + 4096
+        buf: Any = data
+        if self.compressor is not None:
+            buf = decode_stage(self.compressor, buf, sizes[-1], _or(sizes[-1], cap))
+        elif sizes[-1] is not None:
+            check_size(len(data), sizes[-1], "uncompressed chunk")
+        for i in range(len(self.filters) - 1, stop - 1, -1):
+            buf = decode_stage(self.filters[i], buf, sizes[i], _or(sizes[i], cap))
+        return buf
+
+    def decode(self, data: bytes, expected_nbytes: int) -> Any:
+        """Decoded chunk bytes (a buffer) of exactly ``expected_nbytes``, or CodecError."""
+        if self.is_object:
+            raise CodecError("object chunks decode to objects, not bytes", rule="object-codec")
+        return self._unfilter(data, expected_nbytes, 0)
+
+    def check_objects(self, data: bytes, count: int) -> None:
+        """Check an object chunk of ``count`` elements; never runs code from it."""
+        codec = self.filters[0]
+        buf = self._unfilter(data, None, 1)
+        if codec.codec_id == "pickle":
+            check_pickle(bytes(buf), protocol=int(codec.protocol))
+        elif codec.codec_id == "json2":
+            decode_json_objects(buf, count)
+        else:
+            self._safe_object_decode(codec, buf, count)
+
+    def decode_objects(self, data: bytes, count: int) -> np.ndarray[Any, Any]:
+        """The ``count`` objects of a chunk, flat; pickle chunks are refused, never unpickled."""
+        codec = self.filters[0]
+        if codec.codec_id == "pickle":
+            raise CodecError(
+                "pickle chunks are never unpickled by n5fs (it would run code from the store)",
+                rule="unsafe-codec",
+            )
+        buf = self._unfilter(data, None, 1)
+        if codec.codec_id == "json2":
+            return decode_json_objects(buf, count)
+        return self._safe_object_decode(codec, buf, count)
+
+    @staticmethod
+    def _safe_object_decode(codec: Codec, buf: Any, count: int) -> np.ndarray[Any, Any]:
+        if codec.codec_id.startswith("vlen-"):
+            check_vlen_count(buf, count, codec.codec_id)
+        elif codec.codec_id == "categorize":
+            check_size(_nbytes(buf), count * np.dtype(codec.astype).itemsize, "categorize")
+        try:
+            out = np.asarray(codec.decode(buf), dtype=object).reshape(-1)
+        except Exception as exc:  # third-party decoders raise anything on corrupt input
+            raise CodecError(
+                f"{codec.codec_id} cannot decode the chunk: {exc}", rule="undecodable"
+            ) from exc
+        if out.size != count:
+            raise CodecError(
+                f"{codec.codec_id} chunk holds {out.size} items, the chunk has {count} elements",
+                rule="decoded-size",
+            )
+        return out
+
+    # -- encoding ---------------------------------------------------------------------------
+
+    def object_fill(self, fill: Any) -> Any:
+        """A fill element the object codec can encode (zarr-python 3 writes ``""`` for bytes)."""
+        codec_id = self.filters[0].codec_id if self.is_object else ""
+        if codec_id == "vlen-bytes":
+            return fill.encode() if isinstance(fill, str) else (b"" if fill is None else fill)
+        if codec_id == "vlen-utf8" and fill is None:
+            return ""
+        return fill
+
+    def encode(self, values: np.ndarray[Any, Any]) -> bytes:
+        """Chunk bytes as zarr-python 2 writes them: filters in order, then the compressor.
+
+        ``values`` is the full chunk, already laid out in the array's order (C or F).
+        """
+        buf: Any = values
+        for codec in (*self.filters, self.compressor):
+            if codec is not None:
+                buf = codec.encode(buf)
+        return bytes(ensure_bytes(buf))

@@ -1,0 +1,587 @@
+"""Zarr v2: ``.zarray``, ``.zgroup``, ``.zattrs`` and consolidated ``.zmetadata``; chunk keys.
+
+Rules follow the Zarr v2 storage specification. Where writers differ and the spec allows it we
+accept both: extra ``.zarray`` keys are ignored ("SHOULD be ignored by implementations"), a
+missing or null ``dimension_separator`` means ``"."``, ``filters`` may be null or a list, a bare
+JSON ``NaN``/``Infinity`` token is taken for a float fill value as well as the spec's strings.
+
+Structural fields (a change reinterprets stored chunks): dtype, chunks, compressor, filters,
+order and dimension_separator. ``fill_value`` is *not* structural: v2 chunks always hold every
+element, so the fill value only says what a *missing* chunk reads as; ``shape`` may change
+(resize). v2 chunks are always full size, edge chunks included.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from n5fs.codecs.v2_pipeline import V2Pipeline
+from n5fs.errors import InvalidKey, Rejected
+from n5fs.formats.base import (
+    ArrayNode,
+    AttrsNode,
+    Classified,
+    Format,
+    GroupNode,
+    KeyKind,
+    Node,
+    NodeKind,
+)
+from n5fs.kvstore.keys import check_key
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+NODE_NAMES = (".zarray", ".zgroup", ".zattrs")
+METADATA_NAMES = frozenset((*NODE_NAMES, ".zmetadata"))
+# fmt: off
+ZARRAY_KEYS = ("zarr_format", "shape", "chunks", "dtype", "compressor", "fill_value", "order",
+               "filters")
+_SIMPLE_DTYPE = re.compile(
+    r"([<>|])([biufcmMSUVO])(\d*)(?:\[(\d*)(Y|M|W|D|h|m|s|ms|us|ns|ps|fs|as)\])?", re.ASCII)
+_FIXED_SIZES = {"b": (1,), "i": (1, 2, 4, 8), "u": (1, 2, 4, 8), "f": (2, 4, 8), "c": (8, 16),
+                "m": (8,), "M": (8,), "O": (8,)}
+# fmt: on
+_INDEX = re.compile(r"0|[1-9][0-9]*", re.ASCII)
+_FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_MAX_NESTING = 8
+_MAX_ITEMSIZE = 1 << 31
+#: zarr-python 3 copies this key into sub-group entries of a v2 .zmetadata (never the files)
+_ZP3_GROUP_EXTRA = frozenset({"consolidated_metadata"})
+
+
+def _bad(rule: str, message: str) -> Rejected:
+    return Rejected(message, rule=rule)
+
+
+def located(exc: Rejected, *, path: str, fmt: str) -> Rejected:
+    """The same error (same class and rule) with the key and format filled in."""
+    return type(exc)(exc.message, path=exc.path or path, fmt=exc.fmt or fmt, rule=exc.rule)
+
+
+def load_json(data: bytes) -> Any:
+    """Parse a metadata document; duplicate object keys are refused (readers disagree on them)."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise _bad("json", f"duplicate key {key!r} in a JSON object")
+            out[key] = value
+        return out
+
+    try:
+        return json.loads(data, object_pairs_hook=unique)
+    except Rejected:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise _bad("json", f"not valid UTF-8 JSON: {exc}") from exc
+
+
+def _json_object(doc: Any, what: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise _bad("json-object", f"{what} must be a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# --- dtype ----------------------------------------------------------------------------------
+
+
+def parse_dtype(spec: Any, depth: int = 0) -> np.dtype[Any]:
+    """A v2 ``dtype``: a numpy type string, or a structured list of ``[name, dtype(, shape)]``."""
+    if isinstance(spec, str):
+        return _simple_dtype(spec)
+    if isinstance(spec, list) and spec and depth < _MAX_NESTING:
+        return _structured_dtype(spec, depth)
+    raise _bad(
+        "dtype", f"dtype must be a type string or a non-empty list of fields, got {spec!r:.80}"
+    )
+
+
+def _simple_dtype(spec: str) -> np.dtype[Any]:
+    match = _SIMPLE_DTYPE.fullmatch(spec)
+    if match is None:
+        raise _bad(
+            "dtype",
+            f"dtype {spec!r:.40} is not '<byteorder><kind><size>' (e.g. '<u2', '|S5', '<M8[ns]')",
+        )
+    order, kind, size_text, _, unit = match.groups()
+    size = int(size_text) if size_text else (8 if kind == "O" else 0)
+    allowed = _FIXED_SIZES.get(kind)
+    if (allowed is not None and size not in allowed) or not 0 < size < _MAX_ITEMSIZE:
+        raise _bad("dtype", f"dtype {spec!r}: no {kind!r} type has size {size}")
+    if (unit is None) == (kind in "mM"):
+        raise _bad(
+            "dtype",
+            f"dtype {spec!r}: datetime64/timedelta64 need a unit like "
+            "'[ns]', other kinds take none",
+        )
+    if order == "|" and (kind == "U" or (kind in "iufcmM" and size > 1)):
+        raise _bad("dtype", f"dtype {spec!r}: a multi-byte type needs byte order '<' or '>'")
+    return np.dtype(spec)
+
+
+def _structured_dtype(fields: list[Any], depth: int) -> np.dtype[Any]:
+    parts: list[tuple[Any, ...]] = []
+    for item in fields:
+        ok = isinstance(item, list) and len(item) in (2, 3) and isinstance(item[0], str)
+        if not ok or not item[0]:
+            raise _bad(
+                "dtype",
+                f"structured dtype field {item!r:.60} is not [name, dtype] or [name, dtype, shape]",
+            )
+        sub = parse_dtype(item[1], depth + 1)
+        if len(item) == 3:
+            shape = item[2]
+            if not isinstance(shape, list) or not all(_is_int(n) and n >= 1 for n in shape):
+                raise _bad("dtype", f"field {item[0]!r}: shape must be a list of positive ints")
+            parts.append((item[0], sub, tuple(shape)))
+        else:
+            parts.append((item[0], sub))
+    try:
+        dtype = np.dtype(parts)
+    except (TypeError, ValueError) as exc:
+        raise _bad("dtype", f"structured dtype refused: {exc}") from exc
+    if dtype.hasobject or not 0 < dtype.itemsize < _MAX_ITEMSIZE:
+        raise _bad("dtype", "structured dtype fields must be fixed-size, non-object types")
+    return dtype
+
+
+# --- fill_value -----------------------------------------------------------------------------
+
+
+def parse_fill_value(value: Any, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """The fill value as a 0-d array of ``dtype``; refuses an encoding that does not fit it.
+
+    null: zeros (object: None). Floats: numbers or "NaN"/"Infinity"/"-Infinity". Complex:
+    [real, imag]. datetime/timedelta: int64 counts (or "NaT"). S: base64 of at most itemsize
+    bytes. U: a string. V and structured: base64 of exactly itemsize bytes. Object: any scalar.
+    """
+    out = np.zeros((), dtype=dtype)
+    if value is None:
+        return out
+    kind = dtype.kind
+    if kind == "O":
+        if isinstance(value, (dict, list)):
+            raise _bad("fill-value", "an object array's fill_value must be a JSON scalar")
+        out[()] = value
+    elif kind == "V":
+        raw = _base64(value, dtype)
+        if len(raw) != dtype.itemsize:
+            raise _bad(
+                "fill-value", f"fill_value holds {len(raw)} bytes, {dtype} needs {dtype.itemsize}"
+            )
+        out = np.frombuffer(raw, dtype=dtype).reshape(())
+    else:
+        out[()] = _scalar(value, dtype)
+    return out
+
+
+def _scalar(value: Any, dtype: np.dtype[Any]) -> Any:
+    kind = dtype.kind
+    if kind == "b" and (isinstance(value, bool) or value in (0, 1)):
+        return bool(value)
+    if kind in "iu" and (_is_int(value) or (isinstance(value, float) and value.is_integer())):
+        info = np.iinfo(dtype)
+        if info.min <= value <= info.max:
+            return int(value)
+    if kind == "f":
+        return _float(value, dtype)
+    if kind == "c" and isinstance(value, list) and len(value) == 2:
+        part = np.dtype(f"f{dtype.itemsize // 2}")
+        return complex(_float(value[0], part), _float(value[1], part))
+    if kind in "mM" and (value == "NaT" or (_is_int(value) and -(2**63) <= value < 2**63)):
+        count = -(2**63) if value == "NaT" else value
+        return np.array(count, dtype=np.int64).view(dtype.newbyteorder("="))
+    if kind == "S":
+        raw = _base64(value, dtype)
+        if len(raw) <= dtype.itemsize:
+            return raw
+    if kind == "U" and isinstance(value, str) and len(value) <= dtype.itemsize // 4:
+        return value
+    raise _bad("fill-value", f"fill_value {value!r:.60} does not encode a {dtype} value")
+
+
+def _float(value: Any, dtype: np.dtype[Any]) -> float:
+    if isinstance(value, str) and value in _FLOAT_WORDS:
+        return _FLOAT_WORDS[value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond every float
+            number = None
+        # a bare NaN/Infinity token passes; a finite number must fit the type
+        if number is not None and (
+            not math.isfinite(number) or abs(number) <= float(np.finfo(dtype).max)
+        ):
+            return number
+    raise _bad(
+        "fill-value",
+        f"fill_value {value!r:.60} is not a {dtype} number (or 'NaN', 'Infinity', '-Infinity')",
+    )
+
+
+def _base64(value: Any, dtype: np.dtype[Any]) -> bytes:
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError):
+            pass
+    raise _bad("fill-value", f"fill_value for {dtype} must be a base64 string, got {value!r:.60}")
+
+
+# --- .zarray --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArrayMeta:
+    """What a valid ``.zarray`` says, parsed."""
+
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: np.dtype[Any]
+    order: str
+    separator: str
+    fill: np.ndarray[Any, Any] = field(compare=False, repr=False)
+    pipeline: V2Pipeline = field(compare=False, repr=False)
+
+
+def _int_list(doc: dict[str, Any], key: str, minimum: int) -> tuple[int, ...]:
+    value = doc[key]
+    if not isinstance(value, list) or not all(_is_int(n) and n >= minimum for n in value):
+        raise _bad(key, f"{key} must be a list of integers >= {minimum}, got {value!r:.60}")
+    return tuple(value)
+
+
+def parse_zarray(doc: Any) -> ArrayMeta:
+    """Check every required key of a ``.zarray`` document and that the keys agree."""
+    doc = _json_object(doc, ".zarray")
+    missing = [k for k in ZARRAY_KEYS if k not in doc]
+    if missing:
+        raise _bad("missing-key", f".zarray lacks required key(s) {', '.join(missing)}")
+    if not _is_int(doc["zarr_format"]) or doc["zarr_format"] != 2:
+        raise _bad("zarr-format", f"zarr_format must be 2, got {doc['zarr_format']!r:.20}")
+    shape, chunks = _int_list(doc, "shape", 0), _int_list(doc, "chunks", 1)
+    if len(shape) != len(chunks):
+        raise _bad(
+            "shape-chunks-length",
+            f"shape has {len(shape)} dimensions, chunks {len(chunks)}: they must agree",
+        )
+    dtype = parse_dtype(doc["dtype"])
+    fill = parse_fill_value(doc["fill_value"], dtype)
+    if doc["order"] not in ("C", "F"):
+        raise _bad("order", f"order must be 'C' or 'F', got {doc['order']!r:.20}")
+    separator = doc.get("dimension_separator") or "."
+    if separator not in (".", "/"):
+        raise _bad(
+            "dimension-separator", f"dimension_separator must be '.' or '/', got {separator!r:.20}"
+        )
+    pipeline = V2Pipeline(doc["compressor"], doc["filters"], dtype)
+    return ArrayMeta(shape, chunks, dtype, doc["order"], separator, fill, pipeline)
+
+
+# --- nodes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Zarr2ArrayNode(ArrayNode):
+    """A v2 array; ``attrs`` is its ``.zattrs`` when the folder's probes included one."""
+
+    fmt: ClassVar[str] = "zarr2"
+    meta: ArrayMeta
+    attrs: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.meta.shape
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        return self.meta.chunks
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.meta.dtype
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        return self.attrs
+
+    @property
+    def chunk_nbytes(self) -> int:
+        """Bytes of one decoded chunk (every v2 chunk, edge ones too)."""
+        return math.prod(self.chunks) * self.dtype.itemsize
+
+    def classify(self, rel_key: str) -> Classified:
+        if rel_key in METADATA_NAMES:
+            return Classified(KeyKind.METADATA)
+        position = self._position(rel_key)
+        if position is None:
+            return Classified(KeyKind.OTHER)
+        return Classified(KeyKind.CHUNK, position, self.in_grid(position))
+
+    def _position(self, rel_key: str) -> tuple[int, ...] | None:
+        """Grid position of a canonical chunk key (no sign, no leading zeros), else None."""
+        if not self.chunks:
+            return () if rel_key == "0" else None
+        parts = rel_key.split(self.meta.separator)
+        if len(parts) != len(self.chunks) or not all(_INDEX.fullmatch(p) for p in parts):
+            return None
+        return tuple(int(p) for p in parts)
+
+    def chunk_key(self, position: tuple[int, ...]) -> str:
+        return self.meta.separator.join(map(str, position)) if position else "0"
+
+    def _check_position(self, position: tuple[int, ...], path: str) -> None:
+        if not self.in_grid(position):
+            raise Rejected(
+                f"chunk {position} lies outside the grid {self.grid} of shape "
+                f"{self.shape} / chunks {self.chunks}",
+                path=path,
+                fmt=self.fmt,
+                rule="out-of-grid",
+            )
+
+    def validate_chunk(self, position: tuple[int, ...], data: bytes, *, path: str = "") -> None:
+        self._check_position(position, path)
+        try:
+            if self.meta.pipeline.is_object:
+                self.meta.pipeline.check_objects(data, math.prod(self.chunks))
+            else:
+                self.meta.pipeline.decode(data, self.chunk_nbytes)
+        except Rejected as exc:
+            raise located(exc, path=path, fmt=self.fmt) from exc
+
+    def decode_chunk(self, position: tuple[int, ...], data: bytes) -> np.ndarray[Any, Any]:
+        """The full chunk (read-only unless object), laid out in the array's order."""
+        self._check_position(position, "")
+        try:
+            if self.meta.pipeline.is_object:
+                flat = self.meta.pipeline.decode_objects(data, math.prod(self.chunks))
+            else:
+                buf = self.meta.pipeline.decode(data, self.chunk_nbytes)
+                flat = np.frombuffer(buf, dtype=self.dtype)
+        except Rejected as exc:
+            raise located(exc, path="", fmt=self.fmt) from exc
+        order: Any = self.meta.order
+        return flat.reshape(self.chunks, order=order)
+
+    def encode_chunk(self, position: tuple[int, ...], values: np.ndarray[Any, Any]) -> bytes:
+        """Values smaller than a chunk (an edge) are padded with the fill value, as v2 stores."""
+        self._check_position(position, "")
+        values = np.asarray(values, dtype=self.dtype)
+        if values.ndim != len(self.chunks) or any(
+            v > c for v, c in zip(values.shape, self.chunks, strict=True)
+        ):
+            raise Rejected(
+                f"values of shape {values.shape} do not fit chunks {self.chunks}",
+                fmt=self.fmt,
+                rule="chunk-shape",
+            )
+        order: Any = self.meta.order
+        fill = (
+            self.meta.pipeline.object_fill(self.meta.fill[()])
+            if self.dtype.hasobject
+            else self.meta.fill
+        )
+        full = np.full(self.chunks, fill, dtype=self.dtype, order=order)
+        full[tuple(slice(0, n) for n in values.shape)] = values
+        return self.meta.pipeline.encode(full)
+
+    def structural(self) -> Mapping[str, Any]:
+        compressor, filters = self.meta.pipeline.configs()
+        return {
+            "dtype": self.dtype,
+            "chunks": self.chunks,
+            "compressor": compressor,
+            "filters": filters,
+            "order": self.meta.order,
+            "dimension_separator": self.meta.separator,
+        }
+
+    def codec_summary(self) -> str:
+        return self.meta.pipeline.summary()
+
+
+@dataclass(frozen=True)
+class Zarr2GroupNode(GroupNode):
+    fmt: ClassVar[str] = "zarr2"
+    attrs: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        return self.attrs
+
+
+@dataclass(frozen=True)
+class Zarr2AttrsNode(AttrsNode):
+    """A ``.zattrs`` document: the user attributes of the folder's group or array."""
+
+    fmt: ClassVar[str] = "zarr2"
+
+    @property
+    def attributes(self) -> Mapping[str, Any]:
+        return self.raw
+
+
+@dataclass(frozen=True)
+class Zarr2ConsolidatedNode(Node):
+    """A ``.zmetadata``: every entry parsed and validated, keyed as in the document."""
+
+    fmt: ClassVar[str] = "zarr2"
+    kind: ClassVar[NodeKind] = NodeKind.GROUP
+    entries: Mapping[str, Node] = field(default_factory=dict, compare=False, repr=False)
+
+
+# --- the format -----------------------------------------------------------------------------
+
+
+def _peek_format(data: bytes | None) -> Any:
+    """``zarr_format`` of a probe document, or None; never raises (detection asks everyone)."""
+    try:
+        doc = json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):
+        return None
+    return doc.get("zarr_format") if isinstance(doc, dict) else None
+
+
+class Zarr2Format(Format):
+    """Zarr v2 rules for one folder; subclasses (hdmf-zarr) swap the node classes."""
+
+    name: ClassVar[str] = "zarr2"
+    probe_names: ClassVar[frozenset[str]] = frozenset(NODE_NAMES)
+    metadata_names: ClassVar[frozenset[str]] = METADATA_NAMES
+    array_node: ClassVar[type[Zarr2ArrayNode]] = Zarr2ArrayNode
+    group_node: ClassVar[type[Zarr2GroupNode]] = Zarr2GroupNode
+    attrs_node: ClassVar[type[Zarr2AttrsNode]] = Zarr2AttrsNode
+    consolidated_node: ClassVar[type[Zarr2ConsolidatedNode]] = Zarr2ConsolidatedNode
+
+    def matches(self, probes: Mapping[str, bytes]) -> bool:
+        """A ``.zarray`` or ``.zgroup`` whose JSON says ``zarr_format`` 2 (validity not required)."""
+        return any(
+            _is_int(f) and f == 2
+            for f in (_peek_format(probes.get(n)) for n in (".zarray", ".zgroup"))
+        )
+
+    def parse_metadata(self, name: str, data: bytes, *, path: str = "") -> Node:
+        try:
+            return self.parse_document(name, load_json(data), path=path)
+        except Rejected as exc:
+            raise located(exc, path=path, fmt=self.name) from exc
+
+    def parse_document(self, name: str, doc: Any, *, path: str = "") -> Node:
+        """Validate an already-parsed metadata document named ``name``."""
+        try:
+            if name == ".zarray":
+                return self.array_node(raw=doc, meta=parse_zarray(doc))
+            if name == ".zgroup":
+                return self.group_node(raw=self._zgroup(doc))
+            if name == ".zattrs":
+                return self.attrs_node(raw=self.check_attributes(_json_object(doc, ".zattrs")))
+            if name == ".zmetadata":
+                return self.consolidated_node(raw=doc, entries=self._consolidated(doc, path))
+        except Rejected as exc:
+            raise located(exc, path=path, fmt=self.name) from exc
+        raise self.rejected(path, "unknown-metadata", f"{name!r} is not a Zarr v2 metadata name")
+
+    def check_attributes(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Hook for formats that reserve attribute names (hdmf-zarr); plain v2 allows any."""
+        return attrs
+
+    def node_from_probes(self, probes: Mapping[str, bytes], *, path: str = "") -> Node | None:
+        """The folder's array (before group) node with its ``.zattrs`` attached, or None.
+
+        ``path`` is the folder's prefix; an error names the metadata key (``a/b/.zgroup``).
+        """
+        folder = path.rstrip("/")
+
+        def parse(name: str) -> Node:
+            return self.parse_metadata(name, probes[name], path=f"{folder}/{name}".lstrip("/"))
+
+        found = next((name for name in (".zarray", ".zgroup") if name in probes), None)
+        node = parse(found) if found else None
+        if not isinstance(node, (Zarr2ArrayNode, Zarr2GroupNode)) or ".zattrs" not in probes:
+            return node
+        return dataclasses.replace(node, attrs=parse(".zattrs").raw)
+
+    @staticmethod
+    def _zgroup(doc: Any, extra: frozenset[str] = frozenset()) -> dict[str, Any]:
+        group = _json_object(doc, ".zgroup")
+        if (
+            not set(group) - extra == {"zarr_format"}
+            or not _is_int(group["zarr_format"])
+            or group["zarr_format"] != 2
+        ):
+            raise _bad(
+                "zgroup",
+                f'.zgroup must be exactly {{"zarr_format": 2}}, got {json.dumps(group)[:80]}',
+            )
+        return group
+
+    def _consolidated(self, doc: Any, path: str) -> dict[str, Node]:
+        doc = _json_object(doc, ".zmetadata")
+        version, entries = doc.get("zarr_consolidated_format"), doc.get("metadata")
+        if not _is_int(version) or version != 1 or not isinstance(entries, dict):
+            raise _bad(
+                "consolidated",
+                '.zmetadata must hold "zarr_consolidated_format": 1 and a "metadata" object',
+            )
+        nodes: dict[str, Node] = {}
+        for key, value in entries.items():
+            leaf = key.rpartition("/")[2]
+            try:
+                check_key(key)
+            except InvalidKey as exc:
+                raise _bad("consolidated", f".zmetadata entry {key!r:.60}: {exc}") from exc
+            if leaf not in NODE_NAMES:
+                raise _bad(
+                    "consolidated",
+                    f".zmetadata entry {key!r:.60} is not a .zarray, .zgroup or .zattrs key",
+                )
+            try:
+                nodes[key] = (
+                    self.group_node(raw=self._zgroup(value, _ZP3_GROUP_EXTRA))
+                    if leaf == ".zgroup"
+                    else self.parse_document(leaf, value)
+                )
+            except Rejected as exc:
+                raise type(exc)(f".zmetadata entry {key!r}: {exc.message}", rule=exc.rule) from exc
+        _check_tree(nodes)
+        return nodes
+
+
+def _check_tree(nodes: Mapping[str, Node]) -> None:
+    """A folder is an array or a group, and nothing lives under an array."""
+    kinds: dict[str, str] = {}
+    for key in nodes:
+        folder, _, leaf = key.rpartition("/")
+        if leaf == ".zattrs":
+            continue
+        if kinds.setdefault(folder, leaf) != leaf:
+            raise _bad(
+                "consolidated",
+                f".zmetadata holds both .zarray and .zgroup for {folder or 'the root'!r}",
+            )
+    for key in nodes:
+        folder = key.rpartition("/")[0]
+        parent = folder
+        while parent:
+            parent = parent.rpartition("/")[0]
+            if kinds.get(parent) == ".zarray":
+                raise _bad(
+                    "consolidated",
+                    f".zmetadata entry {key!r} lies inside the array {parent or 'at the root'!r}",
+                )

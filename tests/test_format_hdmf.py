@@ -1,0 +1,337 @@
+"""hdmf-zarr: Zarr v2 plus reserved attributes; links; reference arrays never unpickled.
+
+The store is laid out as hdmf-zarr (< 0.14, Zarr v2) writes NWB files: groups and plain arrays
+by zarr-python 3, reserved attributes as hdmf-zarr's ZarrIO sets them. zarr-python 3 refuses
+to create generic object arrays, so reference arrays get the ``.zarray`` zarr-python 2 wrote
+for hdmf-zarr and chunk bytes from numcodecs' Pickle/JSON codecs, the very encoders zarr 2
+called; ``.zmetadata`` is consolidated as zarr-python 2 did (zarr 3 cannot open these arrays).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from n5fs.errors import Rejected
+from n5fs.formats.base import KeyKind
+from n5fs.formats.hdmf import (
+    HdmfArrayNode,
+    HdmfAttrsNode,
+    HdmfConsolidatedNode,
+    HdmfGroupNode,
+    HdmfLink,
+    HdmfZarrFormat,
+    is_hdmf_attrs,
+    link_targets,
+    parse_links,
+    symlink_target,
+    with_link,
+)
+from n5fs.formats.zarr2 import Zarr2Format
+
+HDMF = HdmfZarrFormat()
+ZARR2 = Zarr2Format()
+DEVICE = "/general/devices/array"
+REFERENCE = {"source": ".", "path": DEVICE, "object_id": "6f2c", "source_object_id": "a1b2"}
+
+
+def _object_zarray(codec: dict[str, Any], n: int) -> dict[str, Any]:
+    """The ``.zarray`` zarr-python 2 wrote for hdmf-zarr's object datasets."""
+    return {
+        "zarr_format": 2,
+        "shape": [n],
+        "chunks": [n],
+        "dtype": "|O",
+        "fill_value": 0,
+        "order": "C",
+        "filters": [codec],
+        "compressor": {"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0},
+    }
+
+
+def _write_object_array(root: Path, codec: Any, values: list[Any], attrs: dict[str, Any]) -> None:
+    root.mkdir(parents=True)
+    zarray = _object_zarray(codec.get_config(), len(values))
+    (root / ".zarray").write_text(json.dumps(zarray))
+    (root / ".zattrs").write_text(json.dumps(attrs))
+    chunk = codec.encode(np.array(values, dtype=object))
+    (root / "0").write_bytes(bytes(numcodecs.Blosc(cname="lz4").encode(chunk)))
+
+
+@pytest.fixture
+def nwb(tmp_path: Path) -> Path:
+    """A small NWB-like hdmf-zarr store."""
+    root = tmp_path / "file.nwb.zarr"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        top = zarr.open_group(str(root), mode="w", zarr_format=2)
+        top.attrs.update(
+            {
+                ".specloc": "specifications",
+                "namespace": "core",
+                "neurodata_type": "NWBFile",
+                "object_id": "a1b2",
+            }
+        )
+        device = top.create_group("general/devices/array")
+        device.attrs.update({"namespace": "core", "neurodata_type": "Device", "object_id": "6f2c"})
+        acq = top.create_group("acquisition")
+        acq.attrs["zarr_link"] = [
+            {"name": "device", "source": ".", "path": DEVICE},
+            {"name": "other", "source": "../other.nwb.zarr", "path": "/x"},
+        ]
+        data = top.create_array("acquisition/ts/data", shape=(10,), chunks=(4,), dtype="<f4")
+        data[:] = np.arange(10, dtype="<f4")
+        data.attrs["zarr_dtype"] = "float32"
+        top.create_group("specifications/core/2.6.0")
+    _write_object_array(
+        root / "refs_pickle", numcodecs.Pickle(), [REFERENCE, REFERENCE], {"zarr_dtype": "object"}
+    )
+    _write_object_array(root / "refs_json", numcodecs.JSON(), [REFERENCE], {"zarr_dtype": "object"})
+    _write_object_array(
+        root / "specifications/core/2.6.0/namespace",
+        numcodecs.JSON(),
+        ['{"namespaces": []}'],
+        {"zarr_dtype": "scalar"},
+    )
+    _consolidate(root)
+    return root
+
+
+def _consolidate(root: Path) -> None:
+    """``.zmetadata`` as zarr-python 2 wrote it (zarr 3 cannot read the object arrays)."""
+    entries = {
+        p.relative_to(root).as_posix(): json.loads(p.read_text())
+        for p in sorted(root.rglob(".z*"))
+        if p.name in (".zarray", ".zgroup", ".zattrs")
+    }
+    doc = {"zarr_consolidated_format": 1, "metadata": entries}
+    (root / ".zmetadata").write_text(json.dumps(doc, indent=4, sort_keys=True))
+
+
+def _probes(folder: Path) -> dict[str, bytes]:
+    return {n: (folder / n).read_bytes() for n in HDMF.probe_names if (folder / n).exists()}
+
+
+def test_every_folder_of_the_store_is_valid(nwb: Path) -> None:
+    seen = 0
+    for folder in [nwb, *(p for p in nwb.rglob("*") if p.is_dir())]:
+        probes = _probes(folder)
+        if not probes:
+            continue
+        assert ZARR2.matches(probes)  # hdmf-zarr refines zarr2: every folder is zarr2
+        node = HDMF.node_from_probes(probes, path=str(folder))
+        if isinstance(node, HdmfArrayNode):
+            for key in os.listdir(folder):
+                found = node.classify(key)
+                if found.kind is KeyKind.CHUNK:
+                    assert found.position is not None
+                    node.validate_chunk(found.position, (folder / key).read_bytes())
+                    seen += 1
+    assert seen == 6  # 3 float chunks, 3 object chunks
+
+
+@pytest.mark.parametrize(
+    ("folder", "hdmf"),
+    [
+        ("", True),
+        ("acquisition", True),
+        ("general/devices/array", True),
+        ("refs_pickle", True),
+        ("acquisition/ts/data", True),
+        ("general", False),
+        ("general/devices", False),
+    ],
+)
+def test_detection_needs_hdmf_marks(nwb: Path, folder: str, hdmf: bool) -> None:
+    probes = _probes(nwb / folder)
+    assert ZARR2.matches(probes)
+    assert HDMF.matches(probes) is hdmf
+
+
+def test_nodes_carry_links(nwb: Path) -> None:
+    acq = HDMF.node_from_probes(_probes(nwb / "acquisition"))
+    assert isinstance(acq, HdmfGroupNode)
+    assert acq.links == {"device": "general/devices/array"}
+    attrs = HDMF.parse_metadata(".zattrs", (nwb / "acquisition/.zattrs").read_bytes())
+    assert isinstance(attrs, HdmfAttrsNode)
+    assert attrs.links == acq.links
+
+
+def test_links_keep_external_ones_apart(nwb: Path) -> None:
+    attrs = json.loads((nwb / "acquisition/.zattrs").read_text())
+    links = parse_links(attrs)
+    assert links == (HdmfLink("device", ".", DEVICE), HdmfLink("other", "../other.nwb.zarr", "/x"))
+    assert [link.internal for link in links] == [True, False]
+    assert link_targets(attrs) == {"device": "general/devices/array"}
+    assert link_targets({}) == {}
+
+
+@pytest.mark.parametrize(
+    ("folder", "target", "expected"),
+    [
+        ("acquisition", "general/devices/array", "../general/devices/array"),
+        ("", "general/devices/array", "general/devices/array"),
+        ("a/b/c", "a/x", "../../x"),
+        ("a", "", ".."),
+    ],
+)
+def test_symlink_targets_are_relative(folder: str, target: str, expected: str) -> None:
+    assert symlink_target(folder, target) == expected
+
+
+def test_with_link_adds_and_replaces() -> None:
+    attrs = {"zarr_link": [{"name": "a", "source": ".", "path": "/x"}], "doc": "kept"}
+    added = with_link(attrs, "b", "general/devices/array")
+    assert link_targets(added) == {"a": "x", "b": "general/devices/array"}
+    assert added["zarr_link"][1] == {"name": "b", "source": ".", "path": DEVICE}
+    assert link_targets(with_link(added, "a", "y/z")) == {"b": "general/devices/array", "a": "y/z"}
+    assert added["doc"] == "kept"
+    with pytest.raises(Rejected):
+        with_link(attrs, "bad/name", "x")
+
+
+def test_consolidated_metadata_uses_hdmf_nodes(nwb: Path) -> None:
+    node = HDMF.parse_metadata(".zmetadata", (nwb / ".zmetadata").read_bytes())
+    assert isinstance(node, HdmfConsolidatedNode)
+    assert isinstance(node.entries["refs_pickle/.zarray"], HdmfArrayNode)
+    assert isinstance(node.entries["acquisition/.zgroup"], HdmfGroupNode)
+    doc = json.loads((nwb / ".zmetadata").read_text())
+    doc["metadata"]["acquisition/.zattrs"]["zarr_link"] = [{"name": "x"}]
+    with pytest.raises(Rejected) as info:
+        HDMF.parse_metadata(".zmetadata", json.dumps(doc).encode(), path=".zmetadata")
+    assert (info.value.rule, info.value.fmt) == ("zarr-link", "hdmf-zarr")
+    ZARR2.parse_metadata(".zmetadata", json.dumps(doc).encode())  # plain v2 has no such rule
+
+
+INVALID_ATTRS: list[tuple[dict[str, Any], str]] = [
+    ({"zarr_link": {"name": "a", "source": ".", "path": "/x"}}, "zarr-link"),
+    ({"zarr_link": ["a"]}, "zarr-link"),
+    ({"zarr_link": [{"name": "a", "source": "."}]}, "zarr-link"),
+    ({"zarr_link": [{"name": "a", "source": 1, "path": "/x"}]}, "zarr-link"),
+    ({"zarr_link": [{"name": "", "source": ".", "path": "/x"}]}, "zarr-link"),
+    ({"zarr_link": [{"name": "a/b", "source": ".", "path": "/x"}]}, "zarr-link"),
+    ({"zarr_link": [{"name": "..", "source": ".", "path": "/x"}]}, "zarr-link"),
+    ({"zarr_link": [{"name": "a", "source": ".", "path": "/../etc"}]}, "zarr-link"),
+    (
+        {
+            "zarr_link": [
+                {"name": "a", "source": ".", "path": "/x"},
+                {"name": "a", "source": ".", "path": "/y"},
+            ]
+        },
+        "zarr-link",
+    ),
+    ({"zarr_dtype": 3}, "zarr-dtype"),
+    ({"zarr_dtype": ""}, "zarr-dtype"),
+    ({"zarr_dtype": [{"name": "x"}]}, "zarr-dtype"),
+    ({"zarr_dtype": [["x", "int32"]]}, "zarr-dtype"),
+    ({".specloc": 1}, "specloc"),
+    ({".specloc": "/"}, "specloc"),
+    ({".specloc": "a/../../b"}, "specloc"),
+]
+
+
+@pytest.mark.parametrize(
+    ("attrs", "rule"), INVALID_ATTRS, ids=[f"{r}:{json.dumps(a)[:40]}" for a, r in INVALID_ATTRS]
+)
+def test_malformed_reserved_attributes_refused(attrs: dict[str, Any], rule: str) -> None:
+    data = json.dumps(attrs).encode()
+    with pytest.raises(Rejected) as info:
+        HDMF.parse_metadata(".zattrs", data, path="g/.zattrs")
+    assert (info.value.rule, info.value.fmt, info.value.path) == (rule, "hdmf-zarr", "g/.zattrs")
+    assert ZARR2.parse_metadata(".zattrs", data).attributes == attrs
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {
+            "zarr_dtype": [
+                {"name": "idx", "dtype": "int32"},
+                {"name": "ref", "dtype": {"target_type": "X"}},
+            ]
+        },
+        {"zarr_dtype": "<i8", ".specloc": "/specifications"},
+        {"zarr_link": []},
+    ],
+)
+def test_wellformed_reserved_attributes_accepted(attrs: dict[str, Any]) -> None:
+    assert HDMF.parse_metadata(".zattrs", json.dumps(attrs).encode()).attributes == attrs
+
+
+def test_hdmf_marks() -> None:
+    assert is_hdmf_attrs({"namespace": "core", "neurodata_type": "NWBFile"})
+    assert not is_hdmf_attrs({"namespace": "core"})
+    assert is_hdmf_attrs({".specloc": "specifications"})
+    assert not is_hdmf_attrs(["zarr_link"])
+    assert not HDMF.matches({".zgroup": b'{"zarr_format": 2}', ".zattrs": b"\xff"})
+
+
+class _Payload:
+    """Unpickling this would create ``target``: a stand-in for any command."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (open, (str(self.target), "w"))
+
+
+def test_malicious_reference_array_never_executes(tmp_path: Path) -> None:
+    target = tmp_path / "pwned"
+    folder = tmp_path / "refs"
+    _write_object_array(
+        folder, numcodecs.Pickle(), [REFERENCE, _Payload(target)], {"zarr_dtype": "object"}
+    )
+    node = HDMF.node_from_probes(_probes(folder), path="refs")
+    assert isinstance(node, HdmfArrayNode)
+    data = (folder / "0").read_bytes()
+    with pytest.raises(Rejected) as info:
+        node.validate_chunk((0,), data, path="refs/0")
+    assert (info.value.rule, info.value.path, info.value.fmt) == (
+        "pickle-global",
+        "refs/0",
+        "hdmf-zarr",
+    )
+    assert "open" in str(info.value)
+    with pytest.raises(Rejected) as decoded:
+        node.decode_chunk((0,), data)
+    assert decoded.value.rule == "unsafe-codec"
+    assert not target.exists()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    attrs=st.dictionaries(
+        st.sampled_from(["zarr_link", "zarr_dtype", ".specloc", "namespace", "neurodata_type"]),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+            lambda inner: (
+                st.lists(inner, max_size=3)
+                | st.dictionaries(
+                    st.sampled_from(["name", "source", "path", "dtype"]), inner, max_size=4
+                )
+            ),
+            max_leaves=10,
+        ),
+    )
+)
+def test_arbitrary_reserved_attributes_only_rejected(attrs: dict[str, Any]) -> None:
+    data = json.dumps(attrs).encode()
+    try:
+        node = HDMF.parse_metadata(".zattrs", data)
+    except Rejected:
+        return
+    assert isinstance(node, HdmfAttrsNode)
+    assert set(node.links) <= {link.name for link in parse_links(attrs)}
