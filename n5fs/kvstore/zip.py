@@ -1,0 +1,498 @@
+"""A zip archive as a store, read by range through any base store (file, S3, memory).
+
+Reading fetches the archive's tail (one ranged GET; a ``stat`` too when the archive is larger
+than the tail), then the central directory; a member costs one ranged GET after that. Stored
+members serve byte ranges straight from the base; deflate, bzip2 and lzma members are
+decoded with their output bounded by the size the directory declares (CRC checked on full
+reads). Member names that could escape (``..``, absolute, ``\\``, drive letters) are never
+exposed; directory entries make prefixes.
+
+Writes collect in an overlay (values past ``spill_threshold``, or past ``memory_budget`` in
+total, go to anonymous temp files) that reads see first. :meth:`ZipStore.flush` (and
+``close``) writes a whole new archive to a local temp file (unchanged members copied raw, new
+ones deflated or stored, see :class:`~n5fs.kvstore.zipwriter.ArchiveWriter`; ZIP64 where a
+field needs it), then ``base.put_file`` puts it in place atomically: a failed flush leaves the
+old archive whole and the overlay pending, so a retry can succeed. An absent (or empty)
+archive reads as an empty store and is created by the first flush with changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, ClassVar
+
+from n5fs.errors import InvalidKey, ReadOnly, StoreCorrupt
+from n5fs.kvstore import zipformat as zf
+from n5fs.kvstore import zipwriter as zw
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing, slice_bytes
+from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix, split_path
+from n5fs.kvstore.registry import open_spec
+from n5fs.kvstore.spec import ZipSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+_BLOCK = 4 * MiB  # compressed input per ranged read while decoding
+_SPILL_READ = 8 * MiB  # bytes per read of a spill file
+_MISSING = object()
+_LAST_CHAR = "\U0010ffff"  # sorts after any character a key can hold
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A value set but not flushed yet: in memory, or in an anonymous temp file."""
+
+    size: int
+    mtime: float
+    data: bytes | None = None
+    spill: IO[bytes] | None = None
+
+    def read(self, start: int, stop: int) -> bytes:
+        if self.data is not None:
+            return self.data[start:stop]
+        assert self.spill is not None
+        parts = []
+        while start < stop:
+            part = os.pread(self.spill.fileno(), min(stop - start, _SPILL_READ), start)
+            if not part:
+                break
+            parts.append(part)
+            start += len(part)
+        return b"".join(parts)
+
+    def chunks(self) -> Iterator[bytes]:
+        for at in range(0, self.size, _SPILL_READ):
+            yield self.read(at, min(at + _SPILL_READ, self.size))
+
+    def close(self) -> None:
+        if self.spill is not None:
+            self.spill.close()
+
+
+@dataclass(frozen=True)
+class _Index:
+    """What the archive in the base holds, as of the last load or flush."""
+
+    size: int = 0
+    members: tuple[zf.Member, ...] = ()  # every member once (the last of duplicates wins)
+    files: Mapping[str, zf.Member] = field(default_factory=dict)  # exposed key -> member
+    order: tuple[str, ...] = ()  # exposed keys, sorted
+    dirs: frozenset[str] = frozenset()  # exposed directory entries, relative, ending "/"
+    comment: bytes = b""
+    start: int = 0
+    data_offsets: dict[int, int] = field(default_factory=dict)  # header -> data offset cache
+
+
+class ZipStore(KvStore):
+    """Keys are the members under ``path`` inside the archive ``archive_key`` of ``base``.
+
+    Thread-safe: one condition guards the index and the overlay; a flush swaps the archive
+    only while no read of the old one is in flight. The store owns ``base`` (``close``
+    closes it).
+    """
+
+    spec_type: ClassVar[type[ZipSpec]] = ZipSpec
+
+    def __init__(
+        self,
+        base: KvStore,
+        archive_key: str,
+        path: str = "",
+        *,
+        spill_threshold: int = 4 * MiB,
+        memory_budget: int = 64 * MiB,
+        tmp_dir: str | None = None,
+    ) -> None:
+        self.base = base
+        self.archive_key = check_key(archive_key)
+        self._path = path
+        self._inner = dir_prefix(path)
+        self._spill_threshold = spill_threshold
+        self._memory_budget = memory_budget
+        self._tmp_dir = tmp_dir
+        self._where = f"zip archive {archive_key!r} in {base.spec.to_url()}"
+        self._cond = threading.Condition()
+        self._flush_lock = threading.Lock()
+        self._index: _Index | None = None
+        self._overlay: dict[str, _Pending | None] = {}  # None: deleted
+        self._memory = 0
+        self._readers = 0
+        self._swapping = False
+        self._retired: list[_Pending] = []
+        self._warned: set[str] = set()
+
+    @classmethod
+    def from_spec(cls, spec: ZipSpec) -> ZipStore:
+        assert spec.base is not None
+        folder, leaf = split_path(spec.base.path)
+        if not folder and spec.base.path.startswith("/"):
+            folder = "/"
+        return cls(open_spec(spec.base.with_path(folder)), leaf, spec.path)
+
+    @property
+    def spec(self) -> ZipSpec:
+        base = self.base.spec
+        folder = base.path if not base.path or base.path.endswith("/") else base.path + "/"
+        return ZipSpec(path=self._path, base=base.with_path(folder + self.archive_key))
+
+    # -- the index -------------------------------------------------------------------------
+
+    def fetch(self, start: int, stop: int) -> bytes:
+        """Exactly bytes ``[start, stop)`` of the archive, or StoreCorrupt."""
+        data = None
+        if 0 <= start <= stop:  # offsets come from the archive: a damaged one may say anything
+            data = self.base.get(self.archive_key, ByteRange(start, stop - start))
+        if data is None or len(data) != stop - start:
+            raise StoreCorrupt(
+                f"{self._where}: bytes {start}-{stop} are missing (the archive "
+                "is truncated or changed underneath; refresh)"
+            )
+        return data
+
+    def _load(self) -> _Index:
+        tail = self.base.get(self.archive_key, ByteRange(-zf.TAIL_SIZE))
+        if tail is None:
+            return _Index()
+        size = len(tail)
+        if size == zf.TAIL_SIZE:
+            info = self.base.stat(self.archive_key)
+            size = info.size if info is not None else size
+        if size == 0:
+            return _Index()
+        directory = zf.read_directory(tail, size, self.fetch, self._where)
+        return self._build_index(directory.members, size, directory.comment, directory.start)
+
+    def _build_index(
+        self,
+        members: Iterable[zf.Member],
+        size: int,
+        comment: bytes,
+        start: int,
+        data_offsets: dict[int, int] | None = None,
+    ) -> _Index:
+        by_name: dict[str, zf.Member] = {}
+        for member in members:
+            by_name.pop(member.name, None)
+            by_name[member.name] = member
+        hidden = {name for name in by_name if not zf.safe_name(name)}
+        self._warn_hidden(sorted(hidden))
+        files: dict[str, zf.Member] = {}
+        dirs: set[str] = set()
+        for name, member in by_name.items():
+            rel = name[len(self._inner) :]
+            if not name.startswith(self._inner) or not rel or name in hidden:
+                continue
+            if member.is_dir:
+                dirs.add(rel)
+            else:
+                files[rel] = member
+        order, offsets = tuple(sorted(files)), data_offsets or {}
+        kept = tuple(by_name.values())
+        return _Index(size, kept, files, order, frozenset(dirs), comment, start, offsets)
+
+    def _warn_hidden(self, hidden: list[str]) -> None:
+        fresh = [name for name in hidden if name not in self._warned]
+        if fresh:
+            self._warned.update(fresh)
+            log.warning(
+                "%s: %d member name(s) not exposed (absolute, '..', backslash or drive letter): %s",
+                self._where,
+                len(fresh),
+                ", ".join(map(repr, fresh[:10])),
+            )
+
+    def _index_locked(self) -> _Index:
+        """The index, loaded if need be (never from an archive that is being replaced).
+
+        During a swap the old index stays valid for stat and list: the overlay still holds
+        the changes being flushed until the new index replaces it.
+        """
+        while self._index is None:
+            if self._swapping:
+                self._cond.wait()
+            else:
+                self._index = self._load()
+        return self._index
+
+    @contextlib.contextmanager
+    def _reading(self, key: str = "") -> Iterator[tuple[_Index, object]]:
+        """Hold off an archive swap while the old archive is read; yield (index, pending)."""
+        with self._cond:
+            while self._swapping:
+                self._cond.wait()
+            index = self._index_locked()
+            pending = self._overlay.get(key, _MISSING)
+            self._readers += 1
+        try:
+            yield index, pending
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._close_retired()
+                    self._cond.notify_all()
+
+    def _close_retired(self) -> None:
+        for pending in self._retired:
+            pending.close()
+        self._retired.clear()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        with self._reading(self._key(key)) as (index, pending):
+            if isinstance(pending, _Pending):
+                start, stop = (byte_range or ByteRange(0)).resolve(pending.size)
+                return pending.read(start, stop)
+            member = index.files.get(key) if pending is _MISSING else None
+            return None if member is None else self._read_member(index, member, byte_range)
+
+    def _read_member(self, index: _Index, m: zf.Member, byte_range: ByteRange | None) -> bytes:
+        m.check_readable(self._where)
+        start, stop = (byte_range or ByteRange(0)).resolve(m.size)
+        if stop <= start:
+            return b""
+        full = start == 0 and stop == m.size
+        if m.method == zf.STORED:
+            data = self._member_bytes(index, m, start, stop)
+        else:
+            blocks = self._member_blocks(index, m)
+            data = zf.decode(m, blocks, stop, full=full, what=self._where)[start:]
+        if full:
+            zf.check_crc(m, data, self._where)
+        return data
+
+    def _member_bytes(self, index: _Index, m: zf.Member, start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of a member's (compressed) data; on a first visit the local
+        header is read in the same request when the range starts near it."""
+        at = index.data_offsets.get(m.header_offset)
+        if at is None:
+            guess = zf.LOCAL_HEADER_SIZE + len(m.raw_name) + len(m.extra) + 40
+            span = min(index.size, m.header_offset + guess + (stop if start < MiB else 0))
+            head = self.fetch(m.header_offset, span)
+            at = m.header_offset + zf.local_data_offset(head, m, self._where)
+            index.data_offsets[m.header_offset] = at
+            if at + stop <= span:
+                return slice_bytes(head, ByteRange(at - m.header_offset + start, stop - start))
+        if at + m.csize > index.size:
+            raise StoreCorrupt(f"{self._where}: member {m.name!r} runs past the archive's end")
+        return self.fetch(at + start, at + stop)
+
+    def _member_blocks(self, index: _Index, m: zf.Member) -> Iterator[bytes]:
+        for at in range(0, m.csize, _BLOCK):
+            yield self._member_bytes(index, m, at, min(at + _BLOCK, m.csize))
+
+    def stat(self, key: str) -> KeyInfo | None:
+        with self._cond:
+            pending = self._overlay.get(self._key(key), _MISSING)
+            if isinstance(pending, _Pending):
+                return KeyInfo(key, pending.size, pending.mtime)
+            member = self._index_locked().files.get(key) if pending is _MISSING else None
+        return None if member is None else KeyInfo(key, member.size, member.mtime)
+
+    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+        check_prefix(prefix)
+        with self._cond:
+            index = self._index_locked()
+            overlay = dict(self._overlay)
+        listing = group_listing(self._infos(index, overlay, prefix, delimiter), prefix, delimiter)
+        if not delimiter:
+            return listing
+        extra = set()
+        for name in index.dirs:
+            rest = name[len(prefix) :]
+            cut = rest.find(delimiter)
+            if name.startswith(prefix) and cut >= 0 and overlay.get(name, _MISSING) is not None:
+                extra.add(prefix + rest[: cut + len(delimiter)])
+        return Listing(listing.keys, tuple(sorted(extra.union(listing.prefixes))))
+
+    @staticmethod
+    def _infos(
+        index: _Index, overlay: Mapping[str, _Pending | None], prefix: str, delimiter: str | None
+    ) -> Iterator[KeyInfo]:
+        """Live keys under ``prefix``: the overlay's, then the archive's; of the archive's
+        keys under one sub-prefix only the first live one (enough for the grouping, and a
+        root listing of a large archive skips its sub-trees by bisection)."""
+        for key, pending in overlay.items():
+            if pending is not None and key.startswith(prefix):
+                yield KeyInfo(key, pending.size, pending.mtime)
+        order = index.order
+        i = bisect_left(order, prefix)
+        while i < len(order) and order[i].startswith(prefix):
+            cut = order[i].find(delimiter, len(prefix)) if delimiter else -1
+            sub = order[i][: cut + len(delimiter or "")]
+            end = bisect_left(order, sub + _LAST_CHAR, i) if cut >= 0 else i + 1
+            for key in order[i:end]:
+                if key not in overlay:
+                    member = index.files[key]
+                    yield KeyInfo(key, member.size, member.mtime)
+                    if cut >= 0:
+                        break
+            i = end
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def _check_writable(self, key: str) -> None:
+        if not self.base.writable:
+            raise ReadOnly(f"{self._where} sits on a read-only store: cannot change {key!r}")
+
+    def _check_name(self, key: str) -> str:
+        self._check_writable(self._key(key))
+        if len((self._inner + key).encode()) > 0xFFFF:
+            raise InvalidKey(key, "longer than a zip member name may be (65535 bytes)")
+        return key
+
+    def set(self, key: str, value: bytes) -> None:
+        key = self._check_name(key)
+        value = bytes(value)
+        spill = len(value) > self._spill_threshold or (
+            self._memory + len(value) > self._memory_budget
+        )
+        if spill:
+            pending = self._spilled(lambda f: f.write(value), len(value))
+        else:
+            pending = _Pending(len(value), time.time(), data=value)
+        self._install(key, pending)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Streams the file into a spill file when large, so memory stays bounded."""
+        size = os.path.getsize(path)
+        if size <= self._spill_threshold and self._memory + size <= self._memory_budget:
+            super().put_file(key, path)
+            return
+        key = self._check_name(key)
+        with open(path, "rb") as src:
+            self._install(key, self._spilled(lambda f: shutil.copyfileobj(src, f, MiB), size))
+
+    def _spilled(self, write: Callable[[IO[bytes]], object], size: int) -> _Pending:
+        spill = tempfile.TemporaryFile(prefix="n5fs-zip-", dir=self._tmp_dir)  # noqa: SIM115
+        try:
+            write(spill)
+            spill.flush()
+        except BaseException:
+            spill.close()
+            raise
+        return _Pending(size, time.time(), spill=spill)
+
+    def _install(self, key: str, pending: _Pending | None) -> None:
+        with self._cond:
+            self._retire(self._overlay.get(key))
+            self._overlay[key] = pending
+            if pending is not None and pending.data is not None:
+                self._memory += pending.size
+
+    def _retire(self, pending: _Pending | None) -> None:
+        """Drop an overlay value; a spill file closes once no read can be using it."""
+        if pending is None:
+            return
+        if pending.data is not None:
+            self._memory -= pending.size
+        self._retired.append(pending)
+        if not self._readers:
+            self._close_retired()
+
+    def delete(self, key: str) -> None:
+        self._check_writable(self._key(key))
+        with self._cond:
+            if key in self._overlay or key in self._index_locked().files:
+                self._install(key, None)
+
+    def delete_prefix(self, prefix: str) -> int:
+        check_prefix(prefix)
+        self._check_writable(prefix or "<root>")
+        with self._cond:
+            index = self._index_locked()
+            keys = [info.key for info in self._infos(index, self._overlay, prefix, None)]
+            dirs = [name for name in index.dirs if name.startswith(prefix)]
+            for key in keys + dirs:
+                self._install(key, None)
+        return len(keys)
+
+    # -- flush -----------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Rewrite the archive if anything changed; atomic through ``base.put_file``."""
+        with self._flush_lock:
+            with self._cond:
+                snapshot = dict(self._overlay)
+            if not snapshot:
+                return
+            self._check_writable(self.archive_key)
+            fd, tmp = tempfile.mkstemp(prefix=".n5fs-zip-", suffix=".zip", dir=self._tmp_dir)
+            try:
+                with os.fdopen(fd, "wb") as out, self._reading() as (index, _):
+                    writer = zw.ArchiveWriter(out)
+                    members = self._write(writer, index, snapshot)
+                new = self._build_index(
+                    members, os.path.getsize(tmp), index.comment, 0, writer.data_offsets
+                )
+                self._swap(tmp, new, snapshot)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    def _write(
+        self, writer: zw.ArchiveWriter, index: _Index, snapshot: Mapping[str, _Pending | None]
+    ) -> tuple[zf.Member, ...]:
+        old = zw.ArchiveReader(self.fetch, index.size, self._where)
+        writer.write_raw(old.chunks(0, index.start))
+        changed = {self._inner + key for key in snapshot}
+        for member in sorted(index.members, key=lambda m: m.header_offset):
+            if member.name not in changed:
+                writer.copy_member(member, old.member_data(member))
+        for key in sorted(snapshot):
+            pending = snapshot[key]
+            if pending is not None:
+                writer.add(self._inner + key, pending.size, pending.mtime, pending.chunks)
+        return writer.finish(index.comment)
+
+    def _swap(self, tmp: str, new: _Index, snapshot: Mapping[str, _Pending | None]) -> None:
+        """Put the new archive in place once no read of the old one is in flight."""
+        with self._cond:
+            self._swapping = True
+            while self._readers:
+                self._cond.wait()
+        try:
+            self.base.put_file(self.archive_key, tmp)
+        except BaseException:
+            with self._cond:
+                self._swapping = False
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._index = new
+            for key, pending in snapshot.items():
+                if self._overlay.get(key, _MISSING) is pending:
+                    del self._overlay[key]
+                    self._retire(pending)
+            for key in [k for k, p in self._overlay.items() if p is None]:
+                if key not in new.files and key not in new.dirs:
+                    del self._overlay[key]  # a deletion the new archive already reflects
+            self._swapping = False
+            self._cond.notify_all()
+
+    def refresh(self) -> None:
+        """Forget the index (the archive changed from outside); pending changes stay."""
+        with self._cond:
+            while self._swapping:
+                self._cond.wait()
+            self._index = None
+
+    def close(self) -> None:
+        self.flush()
+        with self._cond:
+            for pending in self._overlay.values():
+                self._retire(pending)
+            self._overlay.clear()
+        self.base.close()
