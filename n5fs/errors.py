@@ -95,6 +95,12 @@ class CrossDevice(N5fsError, OSError):
     errno_code = errno.EXDEV
 
 
+class DetectionFailed(N5fsError, ValueError):
+    """No format, or more than one, where exactly one is needed; the message names them."""
+
+    errno_code = errno.EIO
+
+
 class Rejected(N5fsError, ValueError):
     """Content that breaks its format; nothing was stored.
 

@@ -24,6 +24,7 @@ SOURCE is a URL or a TensorStore kvstore JSON spec:
   s3://bucket/prefix/               S3; endpoint from AWS_ENDPOINT_URL for S3-compatible servers
   file:///data/x.zip|zip:           a zip archive (also s3://bucket/x.zip|zip:inner/)
   memory://                         an empty in-memory store
+  demo:                             a built-in demo (N5, Zarr v2, Zarr v3 arrays in memory)
   '{"driver": "s3", "bucket": "b", "path": "p/", "endpoint": "http://127.0.0.1:9000"}'
 """
 
@@ -43,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="more log output (-vv also prints tracebacks)",
     )
     parser.set_defaults(run=lambda args: _no_command(parser))
-    parser.add_subparsers(title="commands", metavar="COMMAND")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    from n5fs.cli.commands import add_commands
+
+    add_commands(sub)
     return parser
 
 
@@ -52,9 +56,21 @@ def _no_command(parser: argparse.ArgumentParser) -> int:
     return 2
 
 
+_HANDLER_NAME = "n5fs-cli"
+
+
 def configure_logging(verbose: int) -> None:
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="n5fs: %(levelname)s: %(message)s", stream=sys.stderr)
+    """One handler on the ``n5fs`` logger, writing to the stderr of this call (not the root
+    logger: a host program or test runner may own that)."""
+    logger = logging.getLogger("n5fs")
+    for handler in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.set_name(_HANDLER_NAME)
+    handler.setFormatter(logging.Formatter("n5fs: %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING - 10 * min(verbose, 2))
+    logger.propagate = False
 
 
 def main(argv: Sequence[str] | None = None) -> int:

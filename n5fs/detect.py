@@ -1,0 +1,247 @@
+"""Which format lives in each folder of a store: TensorStore's "auto" algorithm, extended.
+
+Single-file step: a source that names an object is probed by its trailing bytes (a zip's
+end-of-central-directory record) and becomes a base store for the zip adapter. Directory step:
+every format declares the relative names it probes; a folder's probes are fetched at once
+(in parallel on S3) and every format is asked. Unlike TensorStore, groups are detected too, and
+every folder of a hierarchy knows whether it is a group, an array, a chunk folder of an array,
+or plain. Results are cached until a metadata key under the folder changes (``invalidate``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from n5fs.errors import DetectionFailed, InvalidSource, Rejected
+from n5fs.formats.base import ArrayNode, Format, GroupNode, Node
+from n5fs.formats.registry import FORMATS, METADATA_NAMES, PROBE_NAMES, get_format
+from n5fs.kvstore.base import ByteRange, KvStore
+from n5fs.kvstore.keys import basename, dir_prefix, parent, split_path
+from n5fs.kvstore.registry import open_spec
+from n5fs.kvstore.spec import StoreSpec, ZipSpec, parse_spec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Mapping
+
+log = logging.getLogger(__name__)
+
+#: the end-of-central-directory record is 22 bytes plus a comment of up to 64 KiB
+ZIP_TAIL = 65_535 + 22
+_EOCD = b"PK\x05\x06"
+
+
+class FolderKind(enum.Enum):
+    GROUP = "group"
+    ARRAY = "array"
+    CHUNKS = "chunks"
+    PLAIN = "plain"
+
+
+@dataclass(frozen=True)
+class Folder:
+    """What one folder (``""`` or ``"a/b/"``) is.
+
+    ``node`` is the parsed metadata (None for an implicit group, e.g. an N5 folder without
+    ``attributes.json``); ``array_prefix`` names the owning array of a CHUNKS folder.
+    """
+
+    prefix: str
+    kind: FolderKind
+    fmt: str | None = None
+    node: Node | None = None
+    array_prefix: str | None = None
+
+    @property
+    def array(self) -> ArrayNode | None:
+        return self.node if isinstance(self.node, ArrayNode) else None
+
+    @property
+    def format(self) -> Format | None:
+        return get_format(self.fmt) if self.fmt else None
+
+
+# -- single-file step ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Source:
+    """An opened source: the spec actually used, its store, and the container it came in."""
+
+    spec: StoreSpec
+    store: KvStore
+    container: str | None = None
+
+
+def looks_like_zip(tail: bytes) -> bool:
+    """Does this object tail hold an end-of-central-directory record?"""
+    return _EOCD in tail
+
+
+def open_source(source: object, *, read_only: bool = False) -> Source:
+    """Open a source; a source naming a zip object becomes the zip adapter over it."""
+    spec = parse_spec(source)
+    container = "zip" if isinstance(spec, ZipSpec) else None
+    if container is None and spec.path and not spec.path.endswith("/"):
+        spec, container = _single_file_step(spec)
+    store = open_spec(spec)
+    if read_only:
+        from n5fs.kvstore.wrappers import ReadOnlyStore
+
+        store = ReadOnlyStore(store)
+    return Source(spec, store, container)
+
+
+def _single_file_step(spec: StoreSpec) -> tuple[StoreSpec, str | None]:
+    head, leaf = split_path(spec.path)
+    if not leaf:
+        return spec, None
+    with open_spec(spec.with_path(head)) as holder:
+        if holder.stat(leaf) is None:
+            return spec, None  # not an object: a folder (prefix), detected below
+        tail = holder.get(leaf, ByteRange(-ZIP_TAIL)) or b""
+    if looks_like_zip(tail):
+        return ZipSpec(base=spec), "zip"
+    raise InvalidSource(
+        f"{spec.to_url()} is a single object, not a folder, and not a zip archive "
+        "(no end-of-central-directory record in its last 64 KiB)"
+    )
+
+
+# -- directory step ------------------------------------------------------------------------------
+
+
+def candidates(probes: Mapping[str, bytes]) -> list[Format]:
+    """Formats whose probes match; a refining format (hdmf-zarr) hides the one it refines."""
+    found = [fmt for fmt in FORMATS if fmt.matches(probes)]
+    refined = {fmt.refines for fmt in found if fmt.refines}
+    return [fmt for fmt in found if fmt.name not in refined]
+
+
+def _ambiguous(prefix: str, found: list[Format], probes: Mapping[str, bytes]) -> DetectionFailed:
+    names = ", ".join(
+        f"{f.name} ({', '.join(sorted(f.probe_names & probes.keys()))})" for f in found
+    )
+    where = prefix or "the root"
+    return DetectionFailed(f"{where}: several formats match: {names}; remove the stray metadata")
+
+
+class Detector:
+    """Folder kinds of one store, cached; ``invalidate`` after every metadata change.
+
+    ``ttl`` (seconds, None = forever) bounds how long an answer may be stale when someone
+    else writes the store; ``clock`` is injectable so tests never sleep.
+    """
+
+    def __init__(
+        self,
+        store: KvStore,
+        *,
+        ttl: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self._ttl = ttl
+        self._clock = clock
+        self._cache: dict[str, tuple[float, Folder]] = {}
+        self._lock = threading.Lock()
+
+    def folder(self, prefix: str) -> Folder:
+        """What the folder at ``prefix`` is. Raises DetectionFailed when formats clash and
+        Rejected when its metadata is invalid."""
+        prefix = dir_prefix(prefix)
+        now = self._clock()
+        with self._lock:
+            hit = self._cache.get(prefix)
+        if hit is not None and (self._ttl is None or now - hit[0] < self._ttl):
+            return hit[1]
+        result = self._detect(prefix)
+        with self._lock:
+            self._cache[prefix] = (now, result)
+        return result
+
+    def _detect(self, prefix: str) -> Folder:
+        above = self.folder(parent(prefix.rstrip("/"))) if prefix else None
+        if above is not None and above.kind in (FolderKind.ARRAY, FolderKind.CHUNKS):
+            owner = above.array_prefix if above.kind is FolderKind.CHUNKS else above.prefix
+            return Folder(prefix, FolderKind.CHUNKS, above.fmt, array_prefix=owner)
+        probes = self.probe(prefix)
+        found = candidates(probes)
+        if len(found) > 1:
+            raise _ambiguous(prefix, found, probes)
+        if found:
+            fmt = found[0]
+            node = fmt.node_from_probes(probes, path=prefix)
+            if isinstance(node, ArrayNode):
+                return Folder(prefix, FolderKind.ARRAY, fmt.name, node)
+            return Folder(
+                prefix, FolderKind.GROUP, fmt.name, node if isinstance(node, GroupNode) else None
+            )
+        if above is not None and above.kind is FolderKind.GROUP and above.fmt == "n5":
+            # N5 groups are plain directories; attributes.json is optional.
+            return Folder(prefix, FolderKind.GROUP, "n5")
+        return Folder(prefix, FolderKind.PLAIN)
+
+    def probe(self, prefix: str) -> dict[str, bytes]:
+        """The probe files present in the folder, fetched in one batch."""
+        names = sorted(PROBE_NAMES)
+        got = self.store.get_many([prefix + name for name in names])
+        return {name: value for name in names if (value := got.get(prefix + name)) is not None}
+
+    def owner(self, key: str) -> Folder:
+        """The folder that gives ``key`` its meaning (its array for a chunk key)."""
+        folder = self.folder(parent(key))
+        if folder.kind is FolderKind.CHUNKS and folder.array_prefix is not None:
+            return self.folder(folder.array_prefix)
+        return folder
+
+    def invalidate(self, key: str) -> int:
+        """Forget answers a change of ``key`` could alter; returns how many were dropped.
+
+        Only metadata names matter: the folder holding one and every folder below it (their
+        kind derives from it). Other keys change nothing detection knows.
+        """
+        if basename(key) not in METADATA_NAMES:
+            return 0
+        folder = dir_prefix(parent(key))
+        with self._lock:
+            stale = [p for p in self._cache if p.startswith(folder)]
+            for p in stale:
+                del self._cache[p]
+        return len(stale)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def walk(
+        self, prefix: str = "", *, on_error: Callable[[str, Exception], None] | None = None
+    ) -> Iterator[Folder]:
+        """Every group, array and plain folder from ``prefix`` down (not into chunk folders).
+
+        A folder whose detection fails is reported to ``on_error`` (or raises) and skipped.
+        """
+        try:
+            folder = self.folder(prefix)
+        except (DetectionFailed, Rejected) as exc:
+            if on_error is None:
+                raise
+            on_error(prefix, exc)
+            return
+        yield folder
+        if folder.kind is FolderKind.ARRAY:
+            return
+        for sub in self.store.list(dir_prefix(prefix)).prefixes:
+            yield from self.walk(sub, on_error=on_error)
+
+
+def node_spec(source: StoreSpec, folder: Folder) -> dict[str, Any]:
+    """The TensorStore spec that opens the array in ``folder``."""
+    driver = {"n5": "n5", "zarr2": "zarr", "hdmf-zarr": "zarr", "zarr3": "zarr3"}[folder.fmt or ""]
+    base = source.path
+    joined = base + ("/" if base and not base.endswith("/") else "") + folder.prefix
+    return {"driver": driver, "kvstore": source.with_path(joined).to_json()}

@@ -1,0 +1,168 @@
+"""`n5fs detect` and `n5fs validate` as a user runs them: exit codes, JSON, progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from n5fs.cli.main import main
+from tests.writers import ramp, tensorstore_n5, zarr_python_hierarchy
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("good")
+    tensorstore_n5(root / "n5", ramp((20, 20, 9)), [8, 8, 4])
+    zarr_python_hierarchy(root / "v2", 2)
+    return root
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_detect_json_fields(good: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["detect", "--json", str(good / "v2")], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["container"] is None
+    assert doc["source"] == {"driver": "file", "path": str(good / "v2")}
+    nodes = {n["path"]: n for n in doc["nodes"]}
+    assert nodes[""]["kind"] == "group"
+    raw = nodes["raw"]
+    assert (raw["format"], raw["kind"], raw["dtype"]) == ("zarr2", "array", "uint16")
+    assert (raw["shape"], raw["chunks"]) == ([20, 30], [8, 8])
+    assert raw["spec"]["driver"] == "zarr"
+    assert raw["spec"]["kvstore"]["path"] == str(good / "v2") + "/raw/"
+    assert nodes["labels/seg"]["dtype"] == "int32"
+
+
+def test_detect_spec_opens_the_array_in_tensorstore(good: Path, capsys) -> None:
+    import tensorstore as ts
+
+    code, out, _ = run(["detect", "--json", str(good)], capsys)
+    assert code == 0
+    n5 = next(n for n in json.loads(out)["nodes"] if n["path"] == "n5")
+    arr = ts.open(n5["spec"]).result()
+    np.testing.assert_array_equal(arr.read().result(), ramp((20, 20, 9)))
+
+
+def test_detect_human_output(good: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["detect", str(good / "n5")], capsys)
+    assert code == 0
+    assert "n5" in out
+    assert "uint16" in out
+    assert "20x20x9" in out
+
+
+def test_detect_nothing_found_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "README").write_text("x")
+    code, _, err = run(["detect", str(tmp_path)], capsys)
+    assert code == 2
+    assert "no N5, Zarr v2, Zarr v3 or hdmf-zarr metadata" in err
+
+
+def test_validate_passes_untouched_store(good: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["validate", "--json", str(good)], capsys)
+    doc = json.loads(out)
+    assert code == 0, doc
+    assert doc["invalid"] == []
+    assert doc["checked"]["chunks"] > 20
+    assert doc["checked"]["metadata"] >= 5
+
+
+def _plant(root: Path) -> dict[str, str]:
+    """Plant one defect of each kind; return key -> expected rule fragment."""
+    (root / "n5" / "0" / "0" / "0").write_bytes(b"\x00\x00\x00\x03garbage")  # bad header
+    (root / "n5" / "9" / "0" / "0").parent.mkdir(parents=True, exist_ok=True)
+    (root / "n5" / "9" / "0" / "0").write_bytes(b"\x00")  # out of grid
+    (root / "v2" / "raw" / "0.0").write_bytes(b"not zstd or blosc")  # undecodable
+    (root / "v2" / "labels" / ".zgroup").write_text('{"zarr_format": 2, "extra": 1}')
+    (root / "v2" / "README.md").write_text("not judged")
+    return {"n5/0/0/0": "", "n5/9/0/0": "out-of-grid", "v2/raw/0.0": "", "v2/labels/.zgroup": ""}
+
+
+def test_validate_finds_each_planted_defect(good: Path, tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad)
+    expected = _plant(bad)
+    code, out, _ = run(["validate", "--json", "--jobs", "2", str(bad)], capsys)
+    assert code == 1
+    doc = json.loads(out)
+    invalid = {f["key"]: f["rule"] for f in doc["invalid"]}
+    assert set(expected) <= set(invalid), invalid
+    for key, rule in expected.items():
+        assert rule in invalid[key]
+    assert doc["checked"]["other"] >= 1
+
+
+def test_validate_stdout_is_only_json_through_a_pipe(good: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "n5fs", "validate", "--json", str(good)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    json.loads(proc.stdout)
+    assert "\r" not in proc.stderr  # no progress bar on a pipe
+
+
+def test_validate_shows_progress_on_a_terminal(good: Path) -> None:
+    pid, fd = pty.fork()
+    if pid == 0:  # child: stderr and stdout are the pty
+        os.execv(sys.executable, [sys.executable, "-m", "n5fs", "validate", str(good)])
+    chunks = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], 60)
+        if not ready:
+            break
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks += data
+    _, status = os.waitpid(pid, 0)
+    text = chunks.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, text
+    assert "chunks" in text
+    assert "/" in text.split("\n")[0] or "[" in text
+    assert "valid" in text
+
+
+def test_demo_store_is_detected_and_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["detect", "--json", "demo:"], capsys)
+    assert code == 0
+    arrays = {n["path"]: n for n in json.loads(out)["nodes"] if n["kind"] == "array"}
+    assert {p: a["format"] for p, a in arrays.items()} == {
+        "n5/raw": "n5", "zarr2/raw": "zarr2", "zarr3/raw": "zarr3"}
+    code, out, _ = run(["validate", "--json", "demo:"], capsys)
+    doc = json.loads(out)
+    assert code == 0, doc
+    assert doc["checked"]["chunks"] == 16
+
+
+def test_demo_arrays_decode_to_their_ramp() -> None:
+    from n5fs.cli.demo import demo_store
+    from n5fs.detect import Detector
+
+    store = demo_store()
+    array = Detector(store).folder("zarr2/raw/").array
+    assert array is not None
+    values = array.decode_chunk((1, 2), store.get("zarr2/raw/1.2") or b"")
+    expected = (np.arange(30 * 40) % 199).astype("uint16").reshape(30, 40)[16:30, 32:40]
+    np.testing.assert_array_equal(values[:14, :8], expected)

@@ -1,0 +1,169 @@
+"""Detection over datasets written by real writers, on file, zip and S3 stores."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from n5fs.detect import Detector, FolderKind, candidates, open_source
+from n5fs.errors import DetectionFailed, InvalidSource
+from n5fs.kvstore.file import FileStore
+from n5fs.kvstore.memory import MemoryStore
+from tests.writers import ramp, tensorstore_n5, tensorstore_zarr3, zarr_python_hierarchy
+
+
+def zip_dir(src: Path, dest: Path, *, comment: bytes = b"") -> Path:
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as zf:
+        for path in sorted(src.rglob("*")):
+            if path.is_file():
+                zf.write(path, path.relative_to(src).as_posix())
+        zf.comment = comment
+    return dest
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    tensorstore_n5(root / "n5" / "vol", ramp((10, 12, 5)), [4, 4, 4])
+    (root / "n5" / "attributes.json").write_text('{"n5": "4.0.0"}')
+    zarr_python_hierarchy(root / "v2", 2)
+    zarr_python_hierarchy(root / "v3", 3)
+    tensorstore_zarr3(root / "sharded", ramp((16, 16)), [4, 4], shard=[8, 8])
+    return root
+
+
+@pytest.mark.parametrize(
+    ("sub", "expected"),
+    [
+        ("n5", {"": ("n5", "group"), "vol/": ("n5", "array")}),
+        (
+            "v2",
+            {
+                "": ("zarr2", "group"),
+                "raw/": ("zarr2", "array"),
+                "labels/": ("zarr2", "group"),
+                "labels/seg/": ("zarr2", "array"),
+            },
+        ),
+        (
+            "v3",
+            {
+                "": ("zarr3", "group"),
+                "raw/": ("zarr3", "array"),
+                "labels/": ("zarr3", "group"),
+                "labels/seg/": ("zarr3", "array"),
+            },
+        ),
+        ("sharded", {"": ("zarr3", "array")}),
+    ],
+)
+def test_hierarchy_kinds(datasets: Path, sub: str, expected: dict[str, tuple[str, str]]) -> None:
+    detector = Detector(FileStore(datasets / sub))
+    found = {
+        f.prefix: (f.fmt, f.kind.value) for f in detector.walk("") if f.kind is not FolderKind.PLAIN
+    }
+    assert found == expected
+
+
+def test_chunk_folders_know_their_array(datasets: Path) -> None:
+    detector = Detector(FileStore(datasets / "n5"))
+    folder = detector.folder("vol/0/1/")
+    assert folder.kind is FolderKind.CHUNKS
+    assert folder.array_prefix == "vol/"
+    owner = detector.owner("vol/0/1/0")
+    assert owner.kind is FolderKind.ARRAY
+    assert owner.array is not None
+    assert owner.array.shape == (10, 12, 5)
+
+
+def test_n5_folder_without_attributes_is_an_implicit_group(datasets: Path, tmp_path: Path) -> None:
+    shutil.copytree(datasets / "n5", tmp_path / "n5")
+    (tmp_path / "n5" / "nested" / "deeper").mkdir(parents=True)
+    shutil.copytree(datasets / "n5" / "vol", tmp_path / "n5" / "nested" / "deeper" / "vol")
+    detector = Detector(FileStore(tmp_path / "n5"))
+    assert detector.folder("nested/").kind is FolderKind.GROUP
+    assert detector.folder("nested/deeper/vol/").kind is FolderKind.ARRAY
+
+
+def test_plain_root_with_datasets_below(datasets: Path) -> None:
+    detector = Detector(FileStore(datasets))
+    kinds = {f.prefix: f.kind for f in detector.walk("")}
+    assert kinds[""] is FolderKind.PLAIN
+    assert kinds["v2/raw/"] is FolderKind.ARRAY
+    assert kinds["n5/vol/"] is FolderKind.ARRAY
+
+
+def test_ambiguity_names_the_candidates() -> None:
+    store = MemoryStore()
+    store.set(".zgroup", b'{"zarr_format": 2}')
+    store.set("zarr.json", b'{"zarr_format": 3, "node_type": "group"}')
+    with pytest.raises(DetectionFailed) as info:
+        Detector(store).folder("")
+    assert "zarr2" in str(info.value)
+    assert "zarr3" in str(info.value)
+
+
+def test_nothing_found_is_plain() -> None:
+    store = MemoryStore()
+    store.set("README", b"hello")
+    assert Detector(store).folder("").kind is FolderKind.PLAIN
+    assert candidates({}) == []
+
+
+def test_invalidate_on_metadata_change_only() -> None:
+    store = MemoryStore()
+    detector = Detector(store)
+    assert detector.folder("a/").kind is FolderKind.PLAIN
+    store.set("a/.zgroup", b'{"zarr_format": 2}')
+    assert detector.folder("a/").kind is FolderKind.PLAIN  # cached
+    assert detector.invalidate("a/README") == 0
+    assert detector.invalidate("a/.zgroup") >= 1
+    assert detector.folder("a/").kind is FolderKind.GROUP
+
+
+def test_ttl_expiry_uses_the_injected_clock() -> None:
+    now = [0.0]
+    store = MemoryStore()
+    detector = Detector(store, ttl=5.0, clock=lambda: now[0])
+    assert detector.folder("").kind is FolderKind.PLAIN
+    store.set(".zgroup", b'{"zarr_format": 2}')
+    now[0] = 4.9
+    assert detector.folder("").kind is FolderKind.PLAIN
+    now[0] = 5.0
+    assert detector.folder("").kind is FolderKind.GROUP
+
+
+@pytest.mark.parametrize("comment", [b"", b"c" * 65_000])
+def test_zip_file_source_is_detected(datasets: Path, tmp_path: Path, comment: bytes) -> None:
+    archive = zip_dir(datasets / "v2", tmp_path / "v2.zip", comment=comment)
+    source = open_source(str(archive))
+    assert source.container == "zip"
+    kinds = {f.prefix: f.kind for f in Detector(source.store).walk("")}
+    assert kinds["raw/"] is FolderKind.ARRAY
+
+
+def test_single_non_zip_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a store")
+    with pytest.raises(InvalidSource, match="not a zip archive"):
+        open_source(str(tmp_path / "notes.txt"))
+
+
+@pytest.mark.s3
+def test_zip_inside_s3(datasets: Path, tmp_path: Path, s3_server, s3_bucket: str) -> None:
+    archive = zip_dir(datasets / "n5", tmp_path / "n5.zip")
+    s3_server.client().upload_file(str(archive), s3_bucket, "data/n5.zip")
+    spec = {
+        "driver": "s3",
+        "bucket": s3_bucket,
+        "path": "data/n5.zip",
+        "endpoint": s3_server.endpoint,
+    }
+    source = open_source(json.dumps(spec))
+    assert source.container == "zip"
+    vol = Detector(source.store).folder("vol/")
+    assert vol.kind is FolderKind.ARRAY
+    assert vol.fmt == "n5"
