@@ -152,6 +152,30 @@ class KvStore(abc.ABC):
             raise KeyNotFound(src)
         self.set(self._key(dst), value)
 
+    def rename(self, src: str, dst: str) -> None:
+        """Move ``src`` to ``dst`` (replacing it); copy + delete unless the store can do better.
+
+        Not atomic in general (S3): a crash in between leaves both keys, never neither.
+        """
+        self.copy(src, dst)
+        self.delete(src)
+
+    def rename_prefix(self, src: str, dst: str) -> int:
+        """Move every key under ``src`` (a ``"a/"`` prefix) to ``dst``; return how many."""
+        check_prefix(src)
+        check_prefix(dst)
+        keys = [info.key for info in self.list(src, delimiter=None).keys]
+        for key in keys:
+            self.rename(key, dst + key[len(src) :])
+        return len(keys)
+
+    def make_prefix(self, prefix: str) -> bool:
+        """Persist an empty prefix (a directory) if the store can; False if it cannot."""
+        return False
+
+    def remove_prefix(self, prefix: str) -> None:
+        """Remove a persisted empty prefix; a no-op where prefixes are not persisted."""
+
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Store the contents of a local file; drivers stream it where they can."""
         with open(path, "rb") as f:

@@ -16,7 +16,14 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from n5fs.errors import AccessDenied, IsAPrefix, KeyNotFound, N5fsError, NotAPrefix
+from n5fs.errors import (
+    AccessDenied,
+    IsAPrefix,
+    KeyNotFound,
+    N5fsError,
+    NotAPrefix,
+    PrefixNotEmpty,
+)
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
 from n5fs.kvstore.keys import check_prefix, dir_prefix
 from n5fs.kvstore.spec import FileSpec
@@ -246,8 +253,55 @@ class FileStore(KvStore):
                     os.unlink(entry.path)
         return count
 
-    def make_prefix(self, prefix: str) -> None:
+    def rename(self, src: str, dst: str) -> None:
+        """``os.replace``: atomic on one filesystem, and no bytes copied."""
+        source = self._path(src)
+        if not os.path.isfile(source):
+            raise KeyNotFound(src)
+        target = self._prepare(dst)
+        os.replace(source, target)
+        fsync_dir(os.path.dirname(target))
+        if os.path.dirname(source) != os.path.dirname(target):
+            fsync_dir(os.path.dirname(source))
+
+    def rename_prefix(self, src: str, dst: str) -> int:
+        """One ``os.rename`` of the folder: atomic, whatever it holds (empty folders too)."""
+        if not (src.endswith("/") and dst.endswith("/")):
+            return super().rename_prefix(src, dst)
+        self._check_writable(dst)
+        source, target = self._path(src.rstrip("/")), self._path(dst.rstrip("/"))
+        count = sum(1 for _ in self._walk_from(src, ""))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.rename(source, target)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise PrefixNotEmpty(f"cannot move {src!r} onto non-empty {dst!r}") from exc
+            raise
+        fsync_dir(os.path.dirname(target))
+        return count
+
+    def make_prefix(self, prefix: str) -> bool:
         """Create an empty folder (``mkdir`` on a mount over this store)."""
         path = self._path(prefix.rstrip("/"))
         self._check_writable(prefix)
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise NotAPrefix(f"cannot make folder {prefix!r}: a file is in the way") from exc
+        return True
+
+    def remove_prefix(self, prefix: str) -> None:
+        """Remove an empty folder (``rmdir``); a folder with files in it stays."""
+        path = self._path(prefix.rstrip("/"))
+        self._check_writable(prefix)
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno == errno.ENOTEMPTY:
+                raise PrefixNotEmpty(f"folder {prefix!r} is not empty") from exc
+            raise

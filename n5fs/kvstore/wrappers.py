@@ -54,6 +54,18 @@ class ForwardingStore(KvStore):
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         self.inner.put_file(key, path)
 
+    def rename(self, src: str, dst: str) -> None:
+        self.inner.rename(src, dst)
+
+    def rename_prefix(self, src: str, dst: str) -> int:
+        return self.inner.rename_prefix(src, dst)
+
+    def make_prefix(self, prefix: str) -> bool:
+        return self.inner.make_prefix(prefix)
+
+    def remove_prefix(self, prefix: str) -> None:
+        self.inner.remove_prefix(prefix)
+
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         return self.inner.get_many(keys)
 
@@ -87,6 +99,18 @@ class ReadOnlyStore(ForwardingStore):
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")
 
+    def rename(self, src: str, dst: str) -> None:
+        raise ReadOnly(f"read-only store: cannot move {check_key(src)!r}")
+
+    def rename_prefix(self, src: str, dst: str) -> int:
+        raise ReadOnly(f"read-only store: cannot move {src!r}")
+
+    def make_prefix(self, prefix: str) -> bool:
+        raise ReadOnly(f"read-only store: cannot make {prefix!r}")
+
+    def remove_prefix(self, prefix: str) -> None:
+        raise ReadOnly(f"read-only store: cannot remove {prefix!r}")
+
     def flush(self) -> None:
         """Nothing to make durable: nothing can have changed."""
 
@@ -101,7 +125,8 @@ class FaultyStore(ForwardingStore):
     ``times=None`` keeps failing until :meth:`heal`. ``when`` narrows it to some keys.
     """
 
-    _OPS = ("get", "set", "delete", "list", "stat", "delete_prefix", "copy", "put_file", "get_many")
+    _OPS = ("get", "set", "delete", "list", "stat", "delete_prefix", "copy", "put_file",
+            "get_many", "rename")
 
     def __init__(self, inner: KvStore) -> None:
         super().__init__(inner)
@@ -179,3 +204,7 @@ class FaultyStore(ForwardingStore):
         for key in keys:
             self._maybe_fail("get_many", key)
         return super().get_many(keys)
+
+    def rename(self, src: str, dst: str) -> None:
+        self._maybe_fail("rename", dst)
+        super().rename(src, dst)

@@ -125,6 +125,24 @@ class KvStoreContract(abc.ABC):
         with pytest.raises(KeyNotFound):
             store.copy("c/absent", "c/x")
 
+    def test_rename_moves_and_replaces(self, store: KvStore) -> None:
+        self.seed_many(store, [("mv/src", b"new"), ("mv/dst", b"old")])
+        store.rename("mv/src", "mv/dst")
+        store.rename("mv/dst", "elsewhere/deep/dst")
+        store.flush()
+        assert store.get("mv/src") is None
+        assert store.get("mv/dst") is None
+        assert self.peek(store, "elsewhere/deep/dst") == b"new"
+        with pytest.raises(KeyNotFound):
+            store.rename("mv/absent", "mv/x")
+
+    def test_rename_prefix(self, store: KvStore) -> None:
+        self.seed_many(store, [("rp/a", b"1"), ("rp/sub/b", b"2"), ("rpx", b"3")])
+        assert store.rename_prefix("rp/", "moved/here/") == 2
+        store.flush()
+        assert store.list("", delimiter=None).names() == ["moved/here/a", "moved/here/sub/b", "rpx"]
+        assert self.peek(store, "moved/here/sub/b") == b"2"
+
     def test_overwrite_is_never_torn(self, store: KvStore) -> None:
         old, new = b"a" * (1 << 20), b"b" * (1 << 20) + b"b"
         store.set("t/obj", old)

@@ -1,0 +1,9 @@
+"""POSIX-shaped access to a store, validating every commit; no FUSE in here."""
+
+from __future__ import annotations
+
+from n5fs.gateway.commit import Mode, Rejection
+from n5fs.gateway.gateway import Gateway, GatewayConfig
+from n5fs.gateway.namespace import Attr, EntryKind
+
+__all__ = ["Attr", "EntryKind", "Gateway", "GatewayConfig", "Mode", "Rejection"]

@@ -1,0 +1,73 @@
+"""Paths and keys, and the entries that live only in the gateway.
+
+Key ``a/b/c`` is file ``/a/b/c``; a prefix with keys under it is a directory, and where a key
+and a prefix share a name (``a`` and ``a/x``) the directory wins. The control folder
+``/.n5fs/`` is never stored; a store key under that name is hidden.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from n5fs.kvstore.keys import check_key
+
+if TYPE_CHECKING:
+    from n5fs.kvstore.base import KeyInfo, Listing
+
+CONTROL = ".n5fs"
+CONTROL_FILES = ("rejections", "stats.json")
+
+
+class EntryKind(enum.Enum):
+    FILE = "file"
+    DIR = "dir"
+    SYMLINK = "symlink"
+
+
+@dataclass(frozen=True, slots=True)
+class Attr:
+    kind: EntryKind
+    size: int = 0
+    mtime: float = 0.0
+    writable: bool = True
+
+
+def path_to_key(path: str) -> str:
+    """``"/a/b"`` -> ``"a/b"``; the root is ``""``. Raises InvalidKey for ``..`` and friends."""
+    key = path.strip("/")
+    return check_key(key) if key else ""
+
+
+def is_control(key: str) -> bool:
+    return key == CONTROL or key.startswith(CONTROL + "/")
+
+
+@dataclass
+class DirEntries:
+    """One folder's direct children, as one LIST showed them (then patched by our commits)."""
+
+    files: dict[str, KeyInfo] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+
+    def add_file(self, name: str, info: KeyInfo) -> None:
+        self.files[name] = info
+
+    def remove_file(self, name: str) -> None:
+        self.files.pop(name, None)
+
+    def add_dir(self, name: str) -> None:
+        self.dirs.add(name)
+
+    def remove_dir(self, name: str) -> None:
+        self.dirs.discard(name)
+
+    @classmethod
+    def from_listing(cls, prefix: str, listing: Listing) -> DirEntries:
+        files = {info.key[len(prefix) :]: info for info in listing.keys}
+        dirs = {p[len(prefix) : -1] for p in listing.prefixes}
+        if not prefix:  # the control name shadows any stored key of the same name
+            files.pop(CONTROL, None)
+            dirs.discard(CONTROL)
+        return cls(files, dirs)
