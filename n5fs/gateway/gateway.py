@@ -305,6 +305,8 @@ class Gateway:
                 raise KeyExists(f"file exists: {path}")
             if attr.kind is EntryKind.DIR:
                 raise IsAPrefix(f"is a directory: {path}")
+        if attr is None:
+            self._check_ancestors(key)
         node = self._acquire(key, stored=attr is not None)
         with node.lock:
             node.unlinked = False
@@ -313,6 +315,19 @@ class Gateway:
                 staged.truncate(0)
             node.dirty = True
         return self._new_handle(_Handle(node, flags))
+
+    def _check_ancestors(self, key: str) -> None:
+        """No file may sit where a new key needs a directory (ENOTDIR, as POSIX says)."""
+        folder = parent(key)
+        while folder:
+            try:
+                kind = self.stat("/" + folder).kind
+            except KeyNotFound:
+                folder = parent(folder)
+                continue
+            if kind is not EntryKind.DIR:
+                raise NotAPrefix(f"not a directory: /{folder}")
+            return
 
     def _staged(self, node: _Node) -> StagedFile:
         """The node's staging buffer, loaded from the store on first use (copy on write)."""
@@ -608,6 +623,8 @@ class Gateway:
             dst_attr: Attr | None = self.stat(new)
         except KeyNotFound:
             dst_attr = None
+        if dst_attr is None:
+            self._check_ancestors(dst)
         if attr.kind is EntryKind.DIR:
             self._rename_dir(src, dst, dst_attr)
         elif attr.kind is EntryKind.SYMLINK:
