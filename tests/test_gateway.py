@@ -43,9 +43,18 @@ def n5_block(dims: list[int], values: np.ndarray | None = None) -> bytes:
     return header + gzip.compress(payload)
 
 
-@pytest.fixture(params=["memory", "file"])
+@pytest.fixture(params=["memory", "file", pytest.param("s3", marks=pytest.mark.s3)])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> KvStore:
-    return MemoryStore() if request.param == "memory" else FileStore(tmp_path / "store")
+    if request.param == "memory":
+        return MemoryStore()
+    if request.param == "file":
+        return FileStore(tmp_path / "store")
+    server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    from n5fs.kvstore import open_store
+
+    return open_store({"driver": "s3", "bucket": bucket, "path": "gw/",
+                       "endpoint": server.endpoint})
 
 
 @pytest.fixture
