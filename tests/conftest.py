@@ -16,6 +16,9 @@ from dataclasses import dataclass
 import boto3
 import pytest
 
+# the `mounter` fixture (real FUSE mounts in child processes) for every mount test
+pytest_plugins = ("tests.mounting",)
+
 _PORT_LINE = re.compile(rb"Running on http://127\.0\.0\.1:(\d+)")
 
 

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     from n5fs.cli.commands import add_commands
 
     add_commands(sub)
+    from n5fs.cli.mount import add_mount_commands
+
+    add_mount_commands(sub)
     return parser
 
 

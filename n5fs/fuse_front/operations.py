@@ -1,0 +1,302 @@
+"""POSIX calls -> gateway calls. Every operation is one gateway call through one funnel.
+
+The funnel (:meth:`N5fsOperations._run`) turns every exception into the errno DESIGN.md's
+table promises: mfusepy answers any exception that is not an ``OSError`` with EINVAL, which
+on this filesystem means "content refused", so nothing may reach it raw. No format knowledge
+lives here. Operations n5fs cannot honour are left undefined so libfuse and the kernel do the
+right thing themselves: ``flock``/``fcntl`` locks are then kept by the kernel (they exclude
+each other between processes of this machine, which is what TensorStore's ``__lock`` files
+and ``flock(1)`` need; a ``lock`` callback answering 0 would grant every lock to everyone).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from n5fs.errors import errno_of
+from n5fs.fuse_front._lib import (
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
+    FuseOSError,
+    Operations,
+    current_fuse,
+)
+from n5fs.fuse_front.attrs import StatMaker
+from n5fs.gateway.namespace import CONTROL
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from n5fs.gateway import Attr
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: answers to questions ("is it there?"), not faults: logged at DEBUG
+_QUIET = frozenset({errno.ENOENT, errno.EEXIST})
+_CONTROL_PREFIX = f"/{CONTROL}/"
+
+
+class GatewayLike(Protocol):
+    """The part of :class:`n5fs.gateway.Gateway` the front calls (tests may pass a fake)."""
+
+    read_only: bool
+
+    def stat(self, path: str) -> Attr: ...
+    def readdir(self, path: str) -> list[tuple[str, Attr]]: ...
+    def readlink(self, path: str) -> str: ...
+    def open(self, path: str, flags: int) -> int: ...
+    def create(self, path: str, flags: int) -> int: ...
+    def read(self, fh: int, size: int, offset: int) -> bytes: ...
+    def write(self, fh: int, data: bytes, offset: int) -> int: ...
+    def truncate(self, path: str, length: int, fh: int | None = None) -> None: ...
+    def flush(self, fh: int) -> None: ...
+    def fsync(self, fh: int) -> None: ...
+    def release(self, fh: int) -> None: ...
+    def unlink(self, path: str) -> None: ...
+    def mkdir(self, path: str) -> None: ...
+    def rmdir(self, path: str) -> None: ...
+    def rename(self, old: str, new: str) -> None: ...
+    def link(self, src_path: str, dst_path: str) -> None: ...
+    def symlink(self, target: str, path: str) -> None: ...
+    def statfs(self) -> dict[str, int]: ...
+    def close(self) -> None: ...
+
+
+class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
+    """The FUSE operations of one mount. Thread-safe as far as the gateway is."""
+
+    use_ns = True  # times as integer nanoseconds (mfusepy warns without it)
+
+    def __init__(
+        self,
+        gateway: GatewayLike,
+        *,
+        stat: StatMaker | None = None,
+        on_init: Callable[[int], None] | None = None,
+        on_destroy: Callable[[], None] | None = None,
+    ) -> None:
+        self.gateway = gateway
+        self.to_stat = stat or StatMaker(read_only=gateway.read_only)
+        self._on_init = on_init
+        self._on_destroy = on_destroy
+        self._dirs: dict[int, _DirHandle] = {}
+        self._dir_fh = itertools.count(1)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # == the funnel ===============================================================================
+
+    def _run(self, op: str, call: Callable[[], T]) -> T:
+        try:
+            return call()
+        except Exception as exc:
+            code = errno_of(exc)  # never EINVAL for a bare exception: that means "refused"
+            level = logging.DEBUG if code in _QUIET else logging.WARNING
+            log.log(
+                level,
+                "%s: errno %d (%s): %s",
+                op,
+                code,
+                errno.errorcode.get(code, "?"),
+                exc,
+                exc_info=code == errno.EIO,
+            )
+            raise FuseOSError(code) from exc
+
+    # == metadata =================================================================================
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
+        return self._run("getattr " + path, lambda: self.to_stat(self.gateway.stat(path)))
+
+    def readlink(self, path: str) -> str:
+        return self._run("readlink " + path, lambda: self.gateway.readlink(path))
+
+    def statfs(self, path: str) -> dict[str, int]:
+        return self._run("statfs", self.gateway.statfs)
+
+    def chmod(self, path: str, mode: int) -> int:
+        return self._accept("chmod", path)
+
+    def chown(self, path: str, uid: int, gid: int) -> int:
+        return self._accept("chown", path)
+
+    def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
+        return self._accept("utimens", path)
+
+    def _accept(self, op: str, path: str) -> int:
+        """The store keeps no modes, owners or times: accept the change (so ``cp -p``,
+        ``rsync -a`` and ``touch`` succeed) once the path is known to exist."""
+        self._run(f"{op} {path}", lambda: self.gateway.stat(path))
+        return 0
+
+    # -- extended attributes: none are stored ----------------------------------------------------
+
+    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
+        raise FuseOSError(errno.ENODATA)  # never ENOSYS: libfuse would disable xattrs for good
+
+    def listxattr(self, path: str) -> list[str]:
+        return []
+
+    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
+        raise FuseOSError(errno.ENOTSUP)
+
+    def removexattr(self, path: str, name: str) -> int:
+        raise FuseOSError(errno.ENODATA)
+
+    # == directories ==============================================================================
+
+    def opendir(self, path: str) -> int:
+        """Take the listing once; readdir pages through it at the kernel's offsets."""
+        entries = self._run("opendir " + path, lambda: self._listing(path))
+        with self._lock:
+            fh = next(self._dir_fh)
+            self._dirs[fh] = _DirHandle(entries)
+        return fh
+
+    def _listing(self, path: str) -> list[tuple[str, dict[str, int]]]:
+        return [(name, self.to_stat(attr)) for name, attr in self.gateway.readdir(path)]
+
+    def dir_entries(
+        self, path: str, fh: int, offset: int = 0
+    ) -> Sequence[tuple[str, dict[str, int]]]:
+        """The snapshot of ``fh``; read afresh when the reader starts over (``rewinddir``)."""
+        with self._lock:
+            handle = self._dirs.get(fh)
+        if handle is None:  # a binding that skips opendir
+            return self._run("readdir " + path, lambda: self._listing(path))
+        if offset == 0 and handle.served:
+            handle.entries = self._run("readdir " + path, lambda: self._listing(path))
+        handle.served = True
+        return handle.entries
+
+    def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int] | None, int]]:
+        """Names with their attributes, all at once (fusepy's glue; N5fsFUSE pages)."""
+        listing = [(name, st, 0) for name, st in self.dir_entries(path, fh)]
+        return [(".", None, 0), ("..", None, 0), *listing]
+
+    def releasedir(self, path: str, fh: int) -> int:
+        with self._lock:
+            self._dirs.pop(fh, None)
+        return 0
+
+    def mkdir(self, path: str, mode: int) -> int:
+        self._run("mkdir " + path, lambda: self.gateway.mkdir(path))
+        return 0
+
+    def rmdir(self, path: str) -> int:
+        self._run("rmdir " + path, lambda: self.gateway.rmdir(path))
+        return 0
+
+    # == names ====================================================================================
+
+    def unlink(self, path: str) -> int:
+        self._run("unlink " + path, lambda: self.gateway.unlink(path))
+        return 0
+
+    def rename(self, old: str, new: str, flags: int = 0) -> int:
+        self._run(f"rename {old} -> {new}", lambda: self._rename(old, new, flags))
+        return 0
+
+    def _rename(self, old: str, new: str, flags: int) -> None:
+        if flags & RENAME_EXCHANGE or flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE):
+            raise FuseOSError(errno.EINVAL)  # rename(2): "flags not supported by the fs"
+        if flags & RENAME_NOREPLACE and _exists(self.gateway, new):
+            raise FuseOSError(errno.EEXIST)
+        self.gateway.rename(old, new)
+
+    def link(self, target: str, source: str) -> int:
+        """mfusepy's order: ``target`` is the new name, ``source`` the existing file."""
+        self._run(f"link {source} -> {target}", lambda: self.gateway.link(source, target))
+        return 0
+
+    def symlink(self, target: str, source: str) -> int:
+        """mfusepy's order: ``target`` is the new link's path, ``source`` the text it holds."""
+        self._run(f"symlink {target} -> {source}", lambda: self.gateway.symlink(source, target))
+        return 0
+
+    # == files ====================================================================================
+
+    def open(self, path: str, flags: int) -> int:
+        return self._run("open " + path, lambda: self.gateway.open(path, flags))
+
+    def create(self, path: str, mode: int, flags: int = 0) -> int:
+        return self._run("create " + path, lambda: self.gateway.create(path, flags))
+
+    def direct_io(self, path: str) -> bool:
+        """Control files change size between reads: bypass the page cache for them."""
+        return path.startswith(_CONTROL_PREFIX)
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        return self._run("read " + path, lambda: self.gateway.read(fh, size, offset))
+
+    def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+        return self._run("write " + path, lambda: self.gateway.write(fh, data, offset))
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> int:
+        self._run("truncate " + path, lambda: self.gateway.truncate(path, length, fh))
+        return 0
+
+    def flush(self, path: str, fh: int) -> int:
+        """Every close() flushes: the commit point, where a refused write answers EINVAL."""
+        self._run("flush " + path, lambda: self.gateway.flush(fh))
+        return 0
+
+    def fsync(self, path: str, datasync: int, fh: int) -> int:
+        self._run("fsync " + path, lambda: self.gateway.fsync(fh))
+        return 0
+
+    def release(self, path: str, fh: int) -> int:
+        self._run("release " + path, lambda: self.gateway.release(fh))
+        return 0
+
+    # == lifecycle ================================================================================
+
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        fuse_ptr = current_fuse()
+        if conn is not None:
+            log.debug(
+                "kernel connection: max_write=%s max_readahead=%s want=%#x",
+                conn.max_write,
+                conn.max_readahead,
+                conn.want,
+            )
+        if self._on_init is not None:
+            self._on_init(fuse_ptr)
+
+    def destroy(self, path: str) -> None:
+        """After unmount: commit what is still staged and close the store, once."""
+        if self._on_destroy is not None:
+            self._on_destroy()
+        self.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.gateway.close()
+            log.debug("gateway closed")
+        except Exception:
+            log.exception("closing the store failed; staged writes may be lost")
+
+
+@dataclass
+class _DirHandle:
+    entries: list[tuple[str, dict[str, int]]]
+    served: bool = False
+
+
+def _exists(gateway: GatewayLike, path: str) -> bool:
+    try:
+        gateway.stat(path)
+    except FileNotFoundError:
+        return False
+    return True

@@ -1,0 +1,149 @@
+"""``-o`` options: which belong to n5fs, which to libfuse, and the kernel settings n5fs adds.
+
+n5fs reads ``ro``/``rw`` and its own ``validate=``, ``cache_size=`` and ``cache_ttl=`` (so an
+fstab line can carry them); everything else goes to libfuse unchanged, which refuses what it
+does not know. n5fs then adds what DESIGN.md "Reads and caches" asks of the kernel: attr,
+entry and negative timeouts equal to the gateway's TTL (one LIST answers the kernel's lookups
+as long as it answers the gateway's), ``kernel_cache`` on read-only mounts (re-reads at page
+cache speed), and on libfuse 2 ``big_writes`` (else writes arrive in 4 KiB pieces; libfuse 3
+negotiates 1 MiB writes by itself and refuses the option). An option the user gives wins.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from n5fs.errors import InvalidSource
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+FuseValue = str | bool
+
+VALIDATE_MODES = ("strict", "warn", "off")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+#: libfuse options that would fight the cache settings n5fs chooses for read-only mounts
+_CACHE_CHOICES = ("kernel_cache", "auto_cache", "noauto_cache", "direct_io")
+#: libfuse 2 accepts at most 128 KiB per write request
+LIBFUSE2_MAX_WRITE = 128 << 10
+
+
+def parse_size(text: str) -> int:
+    """``512M``, ``2G``, ``1.5GiB``, ``4096`` -> bytes (binary units, as ``du`` and ``free``)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise InvalidSource(f"cannot read {text!r} as a size; write e.g. 512M, 2G or 1048576")
+    number, unit, _ = match.groups()
+    return int(float(number) * _UNITS[unit.lower()])
+
+
+def parse_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InvalidSource(f"cannot read {text!r} as seconds; write e.g. 5 or 0.5") from None
+    if value < 0:
+        raise InvalidSource(f"a time-to-live cannot be negative: {text!r}")
+    return value
+
+
+def parse_validate(text: str) -> str:
+    if text not in VALIDATE_MODES:
+        raise InvalidSource(f"validate must be one of {', '.join(VALIDATE_MODES)}, not {text!r}")
+    return text
+
+
+@dataclass
+class MountOptions:
+    """What ``-o`` said: n5fs's own settings (None = not given) and libfuse's options."""
+
+    read_only: bool = False
+    validate: str | None = None
+    cache_bytes: int | None = None
+    ttl: float | None = None
+    fuse: dict[str, FuseValue] = field(default_factory=dict)
+
+
+def split_options(text: str) -> list[str]:
+    """``a,b=c`` -> ``["a", "b=c"]``; ``\\,`` keeps a comma inside a value (as libfuse)."""
+    items, current, chars = [], [], iter(text)
+    for char in chars:
+        if char == "\\":
+            current.append(next(chars, "\\"))
+        elif char == ",":
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    items.append("".join(current))
+    return [item.strip() for item in items if item.strip()]
+
+
+def parse_options(groups: Iterable[str]) -> MountOptions:
+    """Every ``-o`` group in order; a later option overrides an earlier one."""
+    opts = MountOptions()
+    for group in groups:
+        for item in split_options(group):
+            name, has_value, value = item.partition("=")
+            _apply(opts, name.strip(), value.strip() if has_value else None)
+    return opts
+
+
+def _apply(opts: MountOptions, name: str, value: str | None) -> None:
+    if name in ("ro", "rw") and value is None:
+        opts.read_only = name == "ro"
+    elif name == "validate" and value is not None:
+        opts.validate = parse_validate(value)
+    elif name == "cache_size" and value is not None:
+        opts.cache_bytes = parse_size(value)
+    elif name == "cache_ttl" and value is not None:
+        opts.ttl = parse_seconds(value)
+    elif name in ("subtype", "fsname"):
+        pass  # n5fs names its mounts itself: `n5fs status` finds them by subtype
+    else:
+        opts.fuse[name] = True if value is None else value
+
+
+def fsname_of(source: str) -> str:
+    """The mount's source column (``df``, ``mount``): the source URL, made safe for the
+    comma-separated option string."""
+    return re.sub(r"[,\s\\]", "_", source) or "n5fs"
+
+
+def fuse_options(
+    opts: MountOptions,
+    *,
+    read_only: bool,
+    ttl: float,
+    fsname: str,
+    libfuse_major: int,
+) -> dict[str, FuseValue]:
+    """The keyword arguments for ``FUSE(...)``: n5fs's choices, then the user's on top."""
+    chosen: dict[str, FuseValue] = {
+        "fsname": fsname_of(fsname),
+        "subtype": "n5fs",
+        "attr_timeout": _seconds(ttl),
+        "entry_timeout": _seconds(ttl),
+        "negative_timeout": _seconds(ttl),
+    }
+    if read_only:
+        chosen["ro"] = True
+        if not any(name in opts.fuse for name in _CACHE_CHOICES):
+            chosen["kernel_cache"] = True
+    if libfuse_major == 2:
+        chosen["big_writes"] = True
+        chosen["max_write"] = str(LIBFUSE2_MAX_WRITE)
+    chosen.update(opts.fuse)
+    return chosen
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+def render(options: dict[str, FuseValue]) -> str:
+    """The ``-o`` string libfuse sees, for logs and the state file."""
+    return ",".join(k if v is True else f"{k}={v}" for k, v in options.items() if v is not False)

@@ -1,0 +1,139 @@
+"""Mounts for tests: each in its own process (``n5fs mount --foreground``, the daemon, or a
+script around :func:`n5fs.fuse_front.mount.serve`), so a hung mount can always be killed.
+
+A watchdog kills every daemon of a test that overruns, which makes any call stuck on the
+mount fail with ENOTCONN instead of hanging the suite; teardown always unmounts. Use the
+``mounter`` fixture (import it into the test module, or into conftest.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from n5fs.cli.daemon import read_state, state_path
+from n5fs.fuse_front.mounts import mount_entry
+
+CLI = [sys.executable, "-m", "n5fs"]
+WATCHDOG = 240.0
+
+
+class Mounter:
+    """Starts mounts in child processes, finds their daemons, and always cleans up."""
+
+    def __init__(self, tmp_path: Path, watchdog: float = WATCHDOG) -> None:
+        self.tmp = tmp_path
+        self.env = {**os.environ, "N5FS_STATE_DIR": str(tmp_path / "state")}
+        self.points: list[Path] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.watchdog = threading.Timer(watchdog, self.kill_all)
+        self.watchdog.daemon = True
+        self.watchdog.start()
+
+    def mountpoint(self, name: str = "mnt") -> Path:
+        path = self.tmp / name
+        path.mkdir(exist_ok=True)
+        self.points.append(path)
+        return path
+
+    def cli(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*CLI, *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def foreground(self, source: str, *args: str, name: str = "mnt") -> Path:
+        mp = self.mountpoint(name)
+        self._start([*CLI, "mount", source, str(mp), "--foreground", *args], mp)
+        return mp
+
+    def script(
+        self, code: str, *args: str, name: str = "mnt"
+    ) -> tuple[Path, subprocess.Popen[bytes]]:
+        """Mount with a Python script run as ``python -c code ARGS... MOUNTPOINT``."""
+        mp = self.mountpoint(name)
+        proc = self._start([sys.executable, "-c", code, *args, str(mp)], mp)
+        return mp, proc
+
+    def daemon(self, source: str, *args: str, name: str = "mnt") -> Path:
+        mp = self.mountpoint(name)
+        result = self.cli("mount", source, str(mp), *args)
+        assert result.returncode == 0, result.stderr
+        return mp
+
+    def _start(self, argv: list[str], mp: Path) -> subprocess.Popen[bytes]:
+        err = open(self.tmp / f"{mp.name}.stderr", "wb")  # noqa: SIM115 (the child owns it)
+        proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL, stderr=err)
+        err.close()
+        self.procs.append(proc)
+        deadline = time.monotonic() + 60
+        while mount_entry(str(mp)) is None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                said = (self.tmp / f"{mp.name}.stderr").read_text()
+                pytest.fail(f"{argv[3:]} did not mount (exit {proc.poll()}): {said}")
+            time.sleep(0.02)
+        os.stat(mp)  # the mount answers
+        return proc
+
+    def pid(self, mp: Path) -> int:
+        state = read_state(state_path(str(mp)))
+        assert state is not None, f"no state file for {mp}"
+        return int(state["pid"])
+
+    def _daemon_pids(self) -> list[int]:
+        states = (read_state(p) for p in (self.tmp / "state").glob("*.json"))
+        return [int(s["pid"]) for s in states if s is not None and "pid" in s]
+
+    def kill_all(self) -> None:
+        for pid in self._daemon_pids() + [p.pid for p in self.procs if p.poll() is None]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def cleanup(self) -> None:
+        self.watchdog.cancel()
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for mp in self.points:
+            if mount_entry(str(mp)) is not None:
+                subprocess.run(["fusermount3", "-u", "-z", str(mp)], check=False, timeout=30)
+        for pid in self._daemon_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def mounter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A Mounter whose state files live in ``tmp_path/state`` (for this process too)."""
+    monkeypatch.setenv("N5FS_STATE_DIR", str(tmp_path / "state"))
+    m = Mounter(tmp_path)
+    try:
+        yield m
+    finally:
+        m.cleanup()
+
+
+def wait_until(predicate, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting: {what}")
+        time.sleep(0.02)
