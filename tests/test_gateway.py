@@ -451,3 +451,43 @@ def test_directory_cannot_be_opened_or_unlinked(gw: Gateway) -> None:
         gw.open("/d", os.O_RDONLY)
     with pytest.raises(IsAPrefix):
         gw.unlink("/d")
+
+
+def test_shell_redirection_flush_of_an_empty_new_file_is_not_a_rejection(gw: Gateway) -> None:
+    """`cmd > chunk`: the shell's first close flushes the still-empty new file."""
+    n5_array(gw)
+    fh = gw.create("/vol/0/0", os.O_WRONLY | os.O_TRUNC)
+    gw.flush(fh)  # close() of the descriptor the shell dup2'ed away
+    assert gw.stats()["rejections"] == 0
+    assert gw.store.get("vol/0/0") is None
+    assert gw.stat("/vol/0/0").size == 0  # visible while open
+    gw.write(fh, n5_block([4, 4]), 0)
+    gw.flush(fh)
+    gw.release(fh)
+    assert gw.store.get("vol/0/0") == n5_block([4, 4])
+    assert gw.stats()["rejections"] == 0
+
+
+def test_empty_new_chunk_is_judged_at_release(gw: Gateway) -> None:
+    """`touch chunk`: never written, so judged when the last handle goes."""
+    n5_array(gw)
+    fh = gw.create("/vol/1/1", os.O_WRONLY)
+    gw.flush(fh)
+    gw.release(fh)
+    assert gw.store.get("vol/1/1") is None
+    assert json.loads(gw.read_file("/.n5fs/rejections").decode().splitlines()[-1])["path"] == \
+        "/vol/1/1"
+    with pytest.raises(KeyNotFound):
+        gw.stat("/vol/1/1")
+    fh = gw.create("/notes.txt", os.O_WRONLY)  # an ordinary empty file is stored at release
+    gw.flush(fh)
+    gw.release(fh)
+    assert gw.store.get("notes.txt") == b""
+
+
+def test_path_truncate_commits_now_even_while_a_reader_holds_the_file(gw: Gateway) -> None:
+    gw.write_file("/f", b"0123456789")
+    fh = gw.open("/f", os.O_RDONLY)  # a handle with nothing staged (FUSE's late RELEASE)
+    gw.truncate("/f", 4)
+    assert gw.store.get("f") == b"0123"
+    gw.release(fh)

@@ -89,6 +89,7 @@ class _Node:
     staged: StagedFile | None = None
     dirty: bool = False
     stored: bool = True  # False while created but not yet committed
+    written: bool = False  # any write or truncate since open/create
     refs: int = 0
     unlinked: bool = False
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -360,17 +361,19 @@ class Gateway:
         self._check_mutable(node.key)
         with node.lock:
             written = self._staged(node).write(data, offset)
-            node.dirty = True
+            node.dirty = node.written = True
         return written
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> None:
+        """With a handle, or while a writer holds unflushed data: staged, committed at its
+        flush. Otherwise (``truncate(1)``): committed now, like any other change."""
         key = path_to_key(path)
         self._check_mutable(key)
         node = self._handle(fh).node if fh is not None else self._nodes.get(key)
-        if node is not None:  # an open file: staged, committed at its flush
+        if node is not None and (fh is not None or node.dirty):
             with node.lock:
                 self._staged(node).truncate(length)
-                node.dirty = True
+                node.dirty = node.written = True
             return
         if self.stat(path).kind is not EntryKind.FILE:
             raise IsAPrefix(f"is a directory: {path}")
@@ -378,7 +381,7 @@ class Gateway:
         try:
             with node.lock:
                 self._staged(node).truncate(length)
-                node.dirty = True
+                node.dirty = node.written = True
                 self._commit(node)
         finally:
             self._release_node(node)
@@ -433,8 +436,14 @@ class Gateway:
         if node is None:
             return
         with node.lock:
-            if node.dirty and not node.unlinked:
-                self._commit(node)
+            if not node.dirty or node.unlinked:
+                return
+            if not node.stored and not node.written:
+                # Created and not written yet: `cmd > file` flushes the empty file when the
+                # shell closes its first descriptor. Judge it at release, or at the first
+                # flush after a write.
+                return
+            self._commit(node)
 
     def fsync(self, fh: int) -> None:
         self.flush(fh)

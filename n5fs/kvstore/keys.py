@@ -55,5 +55,7 @@ def basename(key: str) -> str:
 
 def split_path(path: str) -> tuple[str, str]:
     """Split a spec path into (directory prefix with trailing ``/`` or ``""``, leaf name)."""
-    head, _, leaf = path.rstrip("/").rpartition("/")
+    head, slash, leaf = path.rstrip("/").rpartition("/")
+    if slash and not head:
+        return "/", leaf  # "/tmp": the leaf sits in the filesystem root
     return (head + "/" if head else ""), leaf
