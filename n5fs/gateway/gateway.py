@@ -171,6 +171,17 @@ class Gateway:
             return Attr(EntryKind.SYMLINK, len(target), writable=self._writable())
         raise KeyNotFound(f"no such file or directory: {path}")
 
+    def lookup(self, path: str) -> Attr | None:
+        """Like stat, but None when absent."""
+        try:
+            return self.stat(path)
+        except KeyNotFound:
+            return None
+
+    def _must_not_exist(self, path: str) -> None:
+        if self.lookup(path) is not None:
+            raise KeyExists(f"file exists: {path}")
+
     def readdir(self, path: str) -> list[tuple[str, Attr]]:
         key = path_to_key(path)
         if is_control(key):
@@ -297,10 +308,7 @@ class Gateway:
         them on a mount)."""
         key = path_to_key(path)
         self._check_mutable(key)
-        try:
-            attr: Attr | None = self.stat(path)
-        except KeyNotFound:
-            attr = None
+        attr = self.lookup(path)
         if attr is not None:
             if flags & os.O_EXCL:
                 raise KeyExists(f"file exists: {path}")
@@ -583,12 +591,7 @@ class Gateway:
     def mkdir(self, path: str) -> None:
         key = path_to_key(path)
         self._check_mutable(key)
-        try:
-            self.stat(path)
-        except KeyNotFound:
-            pass
-        else:
-            raise KeyExists(f"file exists: {path}")
+        self._must_not_exist(path)
         if self.store.make_prefix(key):
             name = basename(key)
             self._listings.update(dir_prefix(parent(key)), partial(DirEntries.add_dir, name=name))
@@ -628,10 +631,7 @@ class Gateway:
         if not src or not dst:
             raise AccessDenied("cannot rename the mount root")
         attr = self.stat(old)
-        try:
-            dst_attr: Attr | None = self.stat(new)
-        except KeyNotFound:
-            dst_attr = None
+        dst_attr = self.lookup(new)
         if dst_attr is None:
             self._check_ancestors(dst)
         if attr.kind is EntryKind.DIR:
@@ -714,12 +714,7 @@ class Gateway:
         self._check_mutable(dst)
         if self.stat(src_path).kind is not EntryKind.FILE:
             raise AccessDenied(f"only files can be linked: {src_path}")
-        try:
-            self.stat(dst_path)
-        except KeyNotFound:
-            pass
-        else:
-            raise KeyExists(f"file exists: {dst_path}")
+        self._must_not_exist(dst_path)
         data = self._content(src)
         self._validate(dst, lambda: data)
         self.store.set(dst, data)
@@ -738,12 +733,7 @@ class Gateway:
         resolved = posixpath.normpath(posixpath.join("/" + folder, target)).lstrip("/")
         if target.startswith("/") or resolved.startswith(".."):
             raise InvalidKey(target, "a link must point inside the store, by a relative path")
-        try:
-            self.stat(path)
-        except KeyNotFound:
-            pass
-        else:
-            raise KeyExists(f"file exists: {path}")
+        self._must_not_exist(path)
         attrs_key = f"{folder}/.zattrs" if folder else ".zattrs"
         attrs = dict(where.node.attributes)
         self._commit_bytes(
