@@ -13,6 +13,7 @@ from n5fs.detect import Detector, FolderKind, candidates, open_source
 from n5fs.errors import DetectionFailed, InvalidSource
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
+from n5fs.validate import validate_store
 from tests.writers import ramp, tensorstore_n5, tensorstore_zarr3, zarr_python_hierarchy
 
 
@@ -167,3 +168,6 @@ def test_zip_inside_s3(datasets: Path, tmp_path: Path, s3_server, s3_bucket: str
     vol = Detector(source.store).folder("vol/")
     assert vol.kind is FolderKind.ARRAY
     assert vol.fmt == "n5"
+    report = validate_store(source.store)  # validate works on a zip inside S3 too
+    assert report.invalid == []
+    assert report.chunks == 3 * 3 * 2
