@@ -19,6 +19,8 @@ import pytest
 # the `mounter` fixture (real FUSE mounts in child processes) for every mount test
 pytest_plugins = ("tests.mounting",)
 
+_S3_ENDPOINTS: list[str] = []
+
 _PORT_LINE = re.compile(rb"Running on http://127\.0\.0\.1:(\d+)")
 
 
@@ -71,7 +73,7 @@ def s3_server() -> Iterator[S3Server]:
 
     threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
     server = S3Server(endpoint=f"http://127.0.0.1:{port}")
-    print(f"\nmoto S3 server at {server.endpoint} (pid {proc.pid})")
+    _S3_ENDPOINTS.append(server.endpoint)
     try:
         yield server
     finally:
@@ -114,3 +116,16 @@ def s3_bucket(s3_server: S3Server) -> str:
     name = f"test-{uuid.uuid4().hex[:16]}"
     s3_server.client().create_bucket(Bucket=name)
     return name
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say plainly that the S3 tier ran, and against what (it must never be skipped silently)."""
+    reports = [r for key in ("passed", "failed") for r in terminalreporter.stats.get(key, [])]
+    s3 = [r for r in reports if r.when == "call" and "s3" in r.keywords]
+    if _S3_ENDPOINTS:
+        terminalreporter.write_line(
+            f"S3 tier: {len(s3)} tests ran against the moto server at {_S3_ENDPOINTS[0]} "
+            "(a separate process, over HTTP)"
+        )
+    elif s3:
+        terminalreporter.write_line("S3 tier: tests ran but no moto server was started")
