@@ -73,6 +73,26 @@ class Mounter:
         assert result.returncode == 0, result.stderr
         return mp
 
+    def spawn(
+        self,
+        argv: list[str],
+        mp: Path,
+        *,
+        env: dict[str, str] | None = None,
+        stderr: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start a mount process and return at once (the test decides when it is ready, e.g.
+        on systemd's READY=1); it is killed and its mount detached like the others."""
+        if mp not in self.points:
+            self.points.append(mp)
+        log = stderr or self.tmp / f"{mp.name}.stderr"
+        with open(log, "wb") as err:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                argv, env={**self.env, **(env or {})}, stdout=subprocess.DEVNULL, stderr=err
+            )
+        self.procs.append(proc)
+        return proc
+
     def _start(self, argv: list[str], mp: Path) -> subprocess.Popen[bytes]:
         err = open(self.tmp / f"{mp.name}.stderr", "wb")  # noqa: SIM115 (the child owns it)
         proc = subprocess.Popen(argv, env=self.env, stdout=subprocess.DEVNULL, stderr=err)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -60,17 +61,54 @@ def _no_command(parser: argparse.ArgumentParser) -> int:
 
 
 _HANDLER_NAME = "n5fs-cli"
+#: syslog priorities (sd-daemon(3)): journald reads a ``<N>`` line prefix as the priority
+_PRIORITIES = (
+    (logging.CRITICAL, 2),
+    (logging.ERROR, 3),
+    (logging.WARNING, 4),
+    (logging.INFO, 6),
+)
+
+
+class JournalFormatter(logging.Formatter):
+    """Lines for journald: ``<4>refused /a/.zarray: ...``. journald adds the time, host,
+    unit and pid itself, so a line carries only its priority and message; each line of a
+    traceback gets the prefix, else journald files it at the default priority."""
+
+    def __init__(self) -> None:
+        super().__init__("%(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        priority = next((p for level, p in _PRIORITIES if record.levelno >= level), 7)
+        return "\n".join(f"<{priority}>{line}" for line in super().format(record).splitlines())
+
+
+def journal_stderr() -> bool:
+    """Is stderr the journal stream systemd connected (``JOURNAL_STREAM=dev:inode`` names
+    it; a child that redirected stderr inherits the variable but not the stream)?"""
+    device, _, inode = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    if not (device.isdigit() and inode.isdigit()):
+        return False
+    try:
+        st = os.fstat(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):  # closed, or not a real file
+        return False
+    return (st.st_dev, st.st_ino) == (int(device), int(inode))
 
 
 def configure_logging(verbose: int) -> None:
     """One handler on the ``n5fs`` logger, writing to the stderr of this call (not the root
-    logger: a host program or test runner may own that)."""
+    logger: a host program or test runner may own that); journald's format when stderr is
+    the journal."""
     logger = logging.getLogger("n5fs")
     for handler in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
         logger.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
     handler.set_name(_HANDLER_NAME)
-    handler.setFormatter(logging.Formatter("n5fs: %(levelname)s: %(message)s"))
+    if journal_stderr():
+        handler.setFormatter(JournalFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("n5fs: %(levelname)s: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING - 10 * min(verbose, 2))
     logger.propagate = False

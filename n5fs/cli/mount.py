@@ -11,6 +11,10 @@ A running mount leaves a state file (source, mode, pid, log) in the state direct
 (``$N5FS_STATE_DIR``, else ``$XDG_RUNTIME_DIR/n5fs``, ``/run/n5fs`` for root, or
 ``/tmp/n5fs-UID``); ``status`` joins them with the kernel's mount table and each mount's
 ``/.n5fs/stats.json``.
+
+Under systemd (``systemd/n5fs@.service``) the mount runs with ``--foreground --config FILE``
+(cli/config.py): the process is the unit's main process and reports READY=1, STATUS= and
+STOPPING=1 over ``NOTIFY_SOCKET`` (cli/sdnotify.py).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from n5fs.cli.config import apply_config, load_config
 from n5fs.cli.daemon import (
     daemonize,
     process_alive,
@@ -37,6 +42,7 @@ from n5fs.cli.daemon import (
     wait_exit,
     write_state,
 )
+from n5fs.cli.sdnotify import Notifier, ServiceLink, status_line
 from n5fs.errors import InvalidSource, N5fsError
 from n5fs.fuse_front.mounts import MountFailed, is_stale, mount_entry, mounts, unmount
 from n5fs.fuse_front.options import (
@@ -138,8 +144,15 @@ def probe_source(text: str, *, read_only: bool) -> str:
 # == serving (foreground, or inside the daemon) ===================================================
 
 
-def serve_plan(plan: MountPlan, on_ready: Callable[[], None] | None = None) -> None:
-    """Open the store, mount it, and block until unmounted; the state file lives meanwhile."""
+def serve_plan(
+    plan: MountPlan,
+    on_ready: Callable[[], None] | None = None,
+    *,
+    notifier: Notifier | None = None,
+) -> None:
+    """Open the store, mount it, and block until unmounted; the state file lives meanwhile.
+    With a ``notifier`` (systemd), READY=1 follows the first answered stat, STATUS= the
+    counters, STOPPING=1 the signal."""
     from n5fs.cli.commands import open_cli_source
     from n5fs.fuse_front._lib import LIBFUSE_VERSION, describe
     from n5fs.fuse_front.mount import serve
@@ -173,15 +186,30 @@ def serve_plan(plan: MountPlan, on_ready: Callable[[], None] | None = None) -> N
         "library": describe(),
     }
     path = state_path(plan.mountpoint)
+    link = None
+    if notifier is not None:
+        link = ServiceLink(
+            notifier, lambda: status_line(plan.fsname, plan.mountpoint, gateway.stats())
+        )
 
     def ready() -> None:
         write_state(path, state)
+        if link is not None:
+            link.ready()
         if on_ready is not None:
             on_ready()
 
     try:
-        serve(gateway, plan.mountpoint, fuse, on_ready=ready)
+        serve(
+            gateway,
+            plan.mountpoint,
+            fuse,
+            on_ready=ready,
+            on_stopping=None if link is None else link.stopping,
+        )
     finally:
+        if link is not None:
+            link.close()
         remove_state(path, os.getpid())
 
 
@@ -189,18 +217,41 @@ def serve_plan(plan: MountPlan, on_ready: Callable[[], None] | None = None) -> N
 
 
 def run_mount(args: argparse.Namespace) -> int:
+    if args.config is not None:
+        apply_config(args, load_config(args.config))
+    for name, what in (("source", "SOURCE"), ("mountpoint", "MOUNTPOINT")):
+        if getattr(args, name) is None:
+            raise InvalidSource(
+                f"n5fs mount needs a {what}: give it on the command line or as {name!r} in "
+                "the --config file"
+            )
     if args.log_level is not None:
         logging.getLogger("n5fs").setLevel(args.log_level.upper())
-    plan = make_plan(args)
     if args.foreground:
-        serve_plan(plan)
-        return 0
+        return run_foreground(args)
+    plan = make_plan(args)
     return daemonize(
         lambda ready: serve_plan(plan, on_ready=ready),
         what=f"mount of {plan.source} at {plan.mountpoint}",
         log_file=plan.log_file,
         timeout=READY_TIMEOUT,
     )
+
+
+def run_foreground(args: argparse.Namespace) -> int:
+    """Serve in this process (systemd's ``Type=notify`` main process, or debugging); a
+    failure to start becomes the unit's STATUS= too."""
+    notifier = Notifier.from_environment()
+    try:
+        serve_plan(make_plan(args), notifier=notifier)
+    except N5fsError as exc:
+        if notifier is not None:
+            notifier.status(f"failed: {exc}")
+        raise
+    finally:
+        if notifier is not None:
+            notifier.close()
+    return 0
 
 
 def run_unmount(args: argparse.Namespace) -> int:
@@ -323,8 +374,25 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "answers (exit 0), or exits 2 with the reason. Writes are validated at close() and "
         "rename(); a refused one fails with EINVAL and is listed in MOUNTPOINT/.n5fs/rejections.",
     )
-    p.add_argument("source", metavar="SOURCE", help="URL or JSON kvstore spec (see n5fs --help)")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory")
+    p.add_argument(
+        "source",
+        metavar="SOURCE",
+        nargs="?",
+        help="URL or JSON kvstore spec (see n5fs --help); optional with --config",
+    )
+    p.add_argument(
+        "mountpoint",
+        metavar="MOUNTPOINT",
+        nargs="?",
+        help="an existing directory; optional with --config",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="a TOML file with source, mountpoint and settings (systemd/n5fs.toml.example); "
+        "command-line flags override it",
+    )
     p.add_argument(
         "-o",
         dest="options",

@@ -45,11 +45,17 @@ class _Session:
     once libfuse has been told to exit."""
 
     def __init__(
-        self, mountpoint: str, gateway: GatewayLike, on_ready: Callable[[], None] | None
+        self,
+        mountpoint: str,
+        gateway: GatewayLike,
+        on_ready: Callable[[], None] | None,
+        on_stopping: Callable[[], None] | None = None,
     ) -> None:
         self.mountpoint = mountpoint
         self.gateway = gateway
         self.on_ready = on_ready
+        self.on_stopping = on_stopping
+        self._stop_announced = False
         self.fuse_ptr = 0
         self.hup_fd: int | None = None
         self.answered = False
@@ -74,8 +80,21 @@ class _Session:
 
     def finish(self) -> None:
         """libfuse's destroy (or serve's end): the loop is over."""
+        if self.answered:  # an unmount from outside (fusermount3 -u) skips the watcher
+            self._announce_stop()
         with self._lock:
             self._finished = True
+
+    def _announce_stop(self) -> None:
+        """Tell ``on_stopping`` once, before the last commits run (systemd's STOPPING=1)."""
+        with self._lock:
+            if self._stop_announced or self.on_stopping is None:
+                return
+            self._stop_announced = True
+        try:
+            self.on_stopping()
+        except Exception:
+            log.exception("the stopping hook failed")
 
     def watch(self) -> None:
         woken = False
@@ -96,6 +115,7 @@ class _Session:
                 exiting = bool(self.fuse_ptr) and _lib.loop_exited(self.fuse_ptr)
             if exiting and not woken:
                 woken = True
+                self._announce_stop()
                 self._wake()
 
     def _hups(self) -> list[int]:
@@ -141,15 +161,17 @@ def serve(
     options: dict[str, FuseValue],
     *,
     on_ready: Callable[[], None] | None = None,
+    on_stopping: Callable[[], None] | None = None,
 ) -> None:
     """Mount ``gateway`` at ``mountpoint`` and answer calls (multithreaded) until unmounted
     (``n5fs unmount``, ``fusermount3 -u``, SIGTERM, SIGINT); then close the gateway.
 
     ``on_ready`` runs once a stat of the mount root has been answered (daemon readiness,
-    systemd ``READY=1``). Blocks. SIGHUP drops caches when called in the main thread.
-    Raises MountFailed when libfuse refuses (its own message went to stderr).
+    systemd ``READY=1``); ``on_stopping`` once the mount is told to end (a signal, or an
+    unmount from outside), before the last commits (``STOPPING=1``). Blocks. SIGHUP drops
+    caches when called in the main thread. Raises MountFailed when libfuse refuses (its own message went to stderr).
     """
-    session = _Session(os.path.abspath(mountpoint), gateway, on_ready)
+    session = _Session(os.path.abspath(mountpoint), gateway, on_ready, on_stopping)
     ops = N5fsOperations(
         gateway,
         stat=StatMaker(read_only=gateway.read_only),
