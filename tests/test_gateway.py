@@ -14,6 +14,7 @@ import pytest
 
 from n5fs.errors import (
     AccessDenied,
+    InvalidKey,
     IsAPrefix,
     KeyExists,
     KeyNotFound,
@@ -381,6 +382,17 @@ def test_hdmf_links_are_symlinks(gw: Gateway) -> None:
     gw.unlink("/proc/raw")
     with pytest.raises(KeyNotFound):
         gw.stat("/proc/raw")
+
+
+def test_hdmf_link_cannot_leave_the_store(gw: Gateway) -> None:
+    gw.write_file("/g/.zgroup", b'{"zarr_format": 2}')
+    gw.write_file("/g/.zattrs", b'{"zarr_dtype": "int32"}')
+    for target in ("../../outside", "/abs/path", ".."):
+        with pytest.raises(InvalidKey):
+            gw.symlink(target, "/g/link")
+    gw.write_file("/h/.zgroup", b'{"zarr_format": 2}')
+    gw.symlink("../h", "/g/sibling")
+    assert gw.readlink("/g/sibling") == "../h"
 
 
 def test_symlink_outside_hdmf_is_refused(gw: Gateway) -> None:

@@ -15,7 +15,6 @@ import itertools
 import json
 import logging
 import os
-import posixpath
 import threading
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING
 from n5fs.detect import Detector
 from n5fs.errors import (
     AccessDenied,
+    DetectionFailed,
     InvalidKey,
     IsAPrefix,
     KeyExists,
@@ -36,11 +36,11 @@ from n5fs.errors import (
     ReadOnly,
     Rejected,
 )
-from n5fs.formats.hdmf import link_targets, symlink_target, with_link
 from n5fs.formats.registry import METADATA_NAMES
-from n5fs.gateway.cache import ByteLRU, TTLCache
+from n5fs.gateway.cache import TTLCache
 from n5fs.gateway.commit import CommitRules, Mode, Rejection
 from n5fs.gateway.consolidated import ConsolidatedKeeper
+from n5fs.gateway.links import add_link, links_of, remove_link
 from n5fs.gateway.namespace import (
     CONTROL,
     CONTROL_FILES,
@@ -50,8 +50,9 @@ from n5fs.gateway.namespace import (
     is_control,
     path_to_key,
 )
+from n5fs.gateway.reader import ObjectReader, ReadWindow
 from n5fs.gateway.staging import StagedFile
-from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore
+from n5fs.kvstore.base import KeyInfo, KvStore
 from n5fs.kvstore.keys import basename, dir_prefix, parent
 
 if TYPE_CHECKING:
@@ -100,10 +101,7 @@ class _Handle:
     node: _Node | None
     flags: int
     control: bytes | None = None
-    window_start: int = 0
-    window: bytes = b""
-    last_end: int = -1
-    readahead: int = 0
+    window: ReadWindow = field(default_factory=ReadWindow)
 
 
 class Gateway:
@@ -121,7 +119,13 @@ class Gateway:
         self.detector = Detector(store, ttl=self.config.ttl, clock=clock)
         self.rules = CommitRules(store, self.detector)
         self._listings: TTLCache[DirEntries] = TTLCache(self.config.ttl, clock=clock)
-        self._bytes = ByteLRU(self.config.cache_bytes)
+        self._reader = ObjectReader(
+            store,
+            cache_bytes=self.config.cache_bytes,
+            small_object=self.config.small_object,
+            readahead=self.config.readahead,
+        )
+        self._bytes = self._reader.cache
         self._consolidated = ConsolidatedKeeper(store, self._exists, self._note_set_bytes)
         self._nodes: dict[str, _Node] = {}
         self._handles: dict[int, _Handle] = {}
@@ -129,9 +133,7 @@ class Gateway:
         self._fh = itertools.count(1)
         self._lock = threading.RLock()
         self.rejections: deque[Rejection] = deque(maxlen=self.config.max_rejections)
-        self.counters: dict[str, int] = dict.fromkeys(
-            ("commits", "rejections", "bytes_in", "bytes_out", "store_reads"), 0
-        )
+        self.counters: dict[str, int] = dict.fromkeys(("commits", "rejections", "bytes_in"), 0)
 
     # == namespace ==================================================================================
 
@@ -215,14 +217,9 @@ class Gateway:
     def _links(self, prefix: str) -> dict[str, str]:
         """hdmf-zarr links of the group at ``prefix``: name -> symlink text."""
         try:
-            folder = self.detector.folder(prefix)
-        except Exception:  # noqa: BLE001 (a broken folder has no links to show)
-            return {}
-        if folder.fmt != "hdmf-zarr" or folder.node is None:
-            return {}
-        targets = link_targets(folder.node.attributes)
-        here = prefix.rstrip("/")
-        return {name: symlink_target(here, target) for name, target in targets.items()}
+            return links_of(self.detector.folder(prefix))
+        except (DetectionFailed, Rejected):
+            return {}  # a broken folder has no links to show
 
     def readlink(self, path: str) -> str:
         key = path_to_key(path)
@@ -251,6 +248,8 @@ class Gateway:
             **self.counters,
             "listing_hits": self._listings.hits,
             "listing_misses": self._listings.misses,
+            "store_reads": self._reader.store_reads,
+            "bytes_out": self._reader.bytes_out,
             "cache_hits": self._bytes.hits,
             "cache_misses": self._bytes.misses,
             "cache_bytes": self._bytes.size,
@@ -343,7 +342,7 @@ class Gateway:
         if node.staged is None:
             initial = b""
             if node.stored:
-                data = self._get_whole(node.key)
+                data = self._reader.whole(node.key)
                 initial = data if data is not None else b""
             node.staged = StagedFile(
                 initial, spill_bytes=self.config.spill_bytes, tmp_dir=self.config.tmp_dir
@@ -359,7 +358,7 @@ class Gateway:
         with node.lock:
             if node.staged is not None:
                 return node.staged.read(size, offset)
-        return self._read_store(handle, node.key, size, offset)
+        return self._reader.read(handle.window, node.key, size, offset, self._size_of(node.key))
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
         handle = self._handle(fh)
@@ -396,46 +395,9 @@ class Gateway:
 
     # -- reads from the store --------------------------------------------------------------------
 
-    def _get_whole(self, key: str) -> bytes | None:
-        data = self._bytes.get(key)
-        if data is None:
-            data = self.store.get(key)
-            self.counters["store_reads"] += 1
-            if data is not None:
-                self.counters["bytes_out"] += len(data)
-                self._bytes.put(key, data)
-        return data
-
     def _size_of(self, key: str) -> int | None:
         info = self._entries(dir_prefix(parent(key))).files.get(basename(key))
         return info.size if info is not None else None
-
-    def _read_store(self, handle: _Handle, key: str, size: int, offset: int) -> bytes:
-        total = self._size_of(key)
-        if total is None or total <= self.config.small_object:
-            data = self._get_whole(key)
-            if data is None:
-                raise KeyNotFound(f"/{key} vanished from the store")
-            return data[offset : offset + size]
-        end = offset + size
-        if handle.window_start <= offset and end <= handle.window_start + len(handle.window):
-            start = offset - handle.window_start
-            chunk = handle.window[start : start + size]
-        else:
-            sequential = offset == handle.last_end
-            handle.readahead = (
-                min(max(handle.readahead * 2, 1 << 20), self.config.readahead) if sequential else 0
-            )
-            want = max(size, handle.readahead)
-            data = self.store.get(key, ByteRange(offset, want))
-            self.counters["store_reads"] += 1
-            if data is None:
-                raise KeyNotFound(f"/{key} vanished from the store")
-            self.counters["bytes_out"] += len(data)
-            handle.window_start, handle.window = offset, data
-            chunk = data[:size]
-        handle.last_end = offset + len(chunk)
-        return chunk
 
     # == commits ===================================================================================
 
@@ -619,7 +581,7 @@ class Gateway:
         node = self._nodes.get(key)
         if node is not None and node.staged is not None and (node.dirty or not node.stored):
             return node.staged.getvalue()
-        data = self._get_whole(key)
+        data = self._reader.whole(key)
         if data is None:
             raise KeyNotFound(f"/{key}")
         return data
@@ -724,31 +686,14 @@ class Gateway:
         """Inside an hdmf-zarr group, a symlink becomes a ``zarr_link`` entry of its .zattrs."""
         key = path_to_key(path)
         self._check_mutable(key)
-        folder = parent(key)
-        where = self.detector.folder(dir_prefix(folder))
-        if where.fmt != "hdmf-zarr" or where.node is None:
-            raise NotSupported(
-                f"symlinks exist only as hdmf-zarr links; /{folder} is not an hdmf-zarr group"
-            )
-        resolved = posixpath.normpath(posixpath.join("/" + folder, target)).lstrip("/")
-        if target.startswith("/") or resolved.startswith(".."):
-            raise InvalidKey(target, "a link must point inside the store, by a relative path")
+        folder = self.detector.folder(dir_prefix(parent(key)))
+        attrs_key, data = add_link(folder, basename(key), target)
         self._must_not_exist(path)
-        attrs_key = f"{folder}/.zattrs" if folder else ".zattrs"
-        attrs = dict(where.node.attributes)
-        self._commit_bytes(
-            attrs_key, json.dumps(with_link(attrs, basename(key), resolved), indent=2).encode()
-        )
+        self._commit_bytes(attrs_key, data)
 
     def _remove_link(self, key: str) -> None:
-        folder = parent(key)
-        where = self.detector.folder(dir_prefix(folder))
-        assert where.node is not None
-        attrs = dict(where.node.attributes)
-        name = basename(key)
-        attrs["zarr_link"] = [e for e in attrs.get("zarr_link", []) if e.get("name") != name]
-        attrs_key = f"{folder}/.zattrs" if folder else ".zattrs"
-        self._commit_bytes(attrs_key, json.dumps(attrs, indent=2).encode())
+        folder = self.detector.folder(dir_prefix(parent(key)))
+        self._commit_bytes(*remove_link(folder, basename(key)))
 
     def _commit_bytes(self, key: str, data: bytes) -> None:
         self._validate(key, lambda: data)

@@ -1,0 +1,81 @@
+"""The read path: whole small objects through the LRU, large ones by growing read-ahead."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from n5fs.errors import KeyNotFound
+from n5fs.gateway.reader import ObjectReader, ReadWindow
+from n5fs.kvstore.base import ByteRange, KvStore
+from n5fs.kvstore.memory import MemoryStore
+from n5fs.kvstore.wrappers import ForwardingStore
+
+MiB = 1 << 20
+
+
+class RangeLog(ForwardingStore):
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self.ranges: list[ByteRange | None] = []
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        self.ranges.append(byte_range)
+        return super().get(key, byte_range)
+
+
+@pytest.fixture
+def store() -> RangeLog:
+    inner = MemoryStore()
+    inner.set("big", os.urandom(40 * MiB))
+    inner.set("small", b"0123456789")
+    return RangeLog(inner)
+
+
+def reader(store: KvStore, cache: int = 64 * MiB) -> ObjectReader:
+    return ObjectReader(store, cache_bytes=cache, small_object=4 * MiB, readahead=8 * MiB)
+
+
+def test_sequential_reads_grow_the_window_to_the_cap(store: RangeLog) -> None:
+    r, window = reader(store), ReadWindow()
+    data = store.inner.get("big") or b""
+    step = 128 << 10  # the kernel's read size
+    got = b"".join(r.read(window, "big", step, off, len(data)) for off in range(0, len(data), step))
+    assert got == data
+    lengths = [br.length for br in store.ranges if br is not None]
+    assert lengths[:4] == [step, MiB, 2 * MiB, 4 * MiB]
+    assert max(lengths) == 8 * MiB
+    assert len(store.ranges) < 12  # 320 kernel reads, a handful of store requests
+
+
+def test_random_reads_fetch_exactly_what_is_asked(store: RangeLog) -> None:
+    r, window = reader(store), ReadWindow()
+    for off in (30 * MiB, 5 * MiB, 17 * MiB):
+        r.read(window, "big", 4096, off, 40 * MiB)
+    assert [br.length for br in store.ranges if br is not None] == [4096, 4096, 4096]
+
+
+def test_small_objects_are_read_whole_once(store: RangeLog) -> None:
+    r = reader(store)
+    assert r.read(ReadWindow(), "small", 4, 2, 10) == b"2345"
+    assert r.read(ReadWindow(), "small", 100, 8, 10) == b"89"
+    assert store.ranges == [None]
+    assert r.cache.hits == 1
+
+
+def test_cache_stays_within_its_budget(store: RangeLog) -> None:
+    for i in range(50):
+        store.inner.set(f"c{i}", bytes(MiB))
+    r = reader(store, cache=8 * MiB)
+    for i in range(50):
+        r.whole(f"c{i}")
+    assert r.cache.size <= 8 * MiB
+
+
+def test_vanished_object_is_enoent(store: RangeLog) -> None:
+    r = reader(store)
+    with pytest.raises(KeyNotFound):
+        r.read(ReadWindow(), "gone", 10, 0, None)
+    with pytest.raises(KeyNotFound):
+        r.read(ReadWindow(), "gone", 10, 0, 40 * MiB)
