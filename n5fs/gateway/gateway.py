@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import TYPE_CHECKING
 
 from n5fs.detect import Detector
@@ -465,8 +465,9 @@ class Gateway:
         staged = node.staged
         assert staged is not None
         key = node.key
+        load = cache(staged.getvalue)  # one copy, shared by validation and the store
         try:
-            self._validate(key, staged.getvalue)
+            self._validate(key, load)
         except Rejected:
             node.dirty = False
             staged.close()
@@ -477,7 +478,7 @@ class Gateway:
             self.store.put_file(key, spilled)
             self._after_set(key, staged.size, None)
         else:
-            data = staged.getvalue()
+            data = load()
             self.store.set(key, data)
             self._after_set(key, len(data), data)
         node.dirty = False

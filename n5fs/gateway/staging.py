@@ -37,7 +37,7 @@ class StagedFile:
     def _spill_now(self) -> None:
         assert self._buf is not None
         f = tempfile.TemporaryFile(dir=self._tmp_dir, prefix="n5fs-stage-")  # noqa: SIM115
-        f.write(self._buf)
+        f.write(memoryview(self._buf)[: self._size])
         self._file = f
         self._buf = None
 
@@ -47,8 +47,12 @@ class StagedFile:
             if self._buf is not None and end > self._spill:
                 self._spill_now()
             if self._buf is not None:
-                if offset > len(self._buf):
-                    self._buf.extend(bytes(offset - len(self._buf)))
+                if end > len(self._buf):
+                    # Grow geometrically: bytearray's own growth (1/8) would copy a
+                    # sequentially written chunk many times over.
+                    self._buf.extend(bytes(max(end, 2 * len(self._buf)) - len(self._buf)))
+                if offset > self._size:
+                    self._buf[self._size : offset] = bytes(offset - self._size)
                 self._buf[offset:end] = data
             else:
                 assert self._file is not None
@@ -63,21 +67,21 @@ class StagedFile:
                 return b""
             size = min(size, self._size - offset)
             if self._buf is not None:
-                return bytes(self._buf[offset : offset + size])
+                return bytes(memoryview(self._buf)[offset : offset + size])
             assert self._file is not None
             self._file.seek(offset)
             return self._file.read(size)
 
     def truncate(self, length: int) -> None:
         with self.lock:
+            if self._buf is not None and length > self._spill:
+                self._spill_now()
             if self._buf is not None:
-                if length > self._spill:
-                    self._spill_now()
-                else:
-                    if length < len(self._buf):
-                        del self._buf[length:]
-                    else:
-                        self._buf.extend(bytes(length - len(self._buf)))
+                if length > len(self._buf):
+                    self._buf.extend(bytes(length - len(self._buf)))
+                if length > self._size:  # bytes past the old end read as zeros
+                    self._buf[self._size : length] = bytes(length - self._size)
+                del self._buf[length:]
             if self._file is not None:
                 self._file.truncate(length)
             self._size = length
@@ -85,7 +89,7 @@ class StagedFile:
     def getvalue(self) -> bytes:
         with self.lock:
             if self._buf is not None:
-                return bytes(self._buf)
+                return bytes(memoryview(self._buf)[: self._size])
             assert self._file is not None
             self._file.seek(0)
             return self._file.read()
