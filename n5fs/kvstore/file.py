@@ -78,6 +78,7 @@ class FileStore(KvStore):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self._spec = FileSpec(path=os.fspath(root))
         self._root = os.path.abspath(self._spec.path)
+        self._real_root: str | None = None
 
     @classmethod
     def from_spec(cls, spec: FileSpec) -> FileStore:
@@ -101,7 +102,9 @@ class FileStore(KvStore):
     def _check_inside(self, path: str, key: str) -> None:
         # Resolve symlinks of every existing component: a link planted inside the root must
         # not lead out of it. The root itself may be a symlink (resolved the same way).
-        real_root = os.path.realpath(self._root)
+        real_root = self._real_root or os.path.realpath(self._root)
+        if self._real_root is None and os.path.isdir(real_root):
+            self._real_root = real_root  # stable once the root exists
         real = os.path.realpath(path)
         if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
             raise AccessDenied(f"{key!r} resolves outside the store root {self._root!r}")
