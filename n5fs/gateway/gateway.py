@@ -76,8 +76,10 @@ class GatewayConfig:
     #: staged writes past this size spill to a temp file
     spill_bytes: int = 64 << 20
     tmp_dir: str | None = None
-    #: objects up to this size are fetched whole (and cached); larger ones by range
-    small_object: int = 4 << 20
+    #: objects up to this size are fetched whole (and cached); larger ones by range. Chunks
+    #: are read whole by every reader, and a 4 MiB chunk plus its header must not become a
+    #: series of ranged GETs on S3.
+    small_object: int = 16 << 20
     readahead: int = 8 << 20
     max_rejections: int = 10_000
 

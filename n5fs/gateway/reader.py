@@ -65,7 +65,7 @@ class ObjectReader:
             start = offset - window.start
             chunk = window.data[start : start + size]
         else:
-            sequential = offset == window.last_end
+            sequential = offset == window.last_end or offset == 0  # from the start: a cat/cp
             window.readahead = (
                 min(max(window.readahead * 2, _FIRST_READAHEAD), self.max_readahead)
                 if sequential
