@@ -166,3 +166,26 @@ def test_demo_arrays_decode_to_their_ramp() -> None:
     values = array.decode_chunk((1, 2), store.get("zarr2/raw/1.2") or b"")
     expected = (np.arange(30 * 40) % 199).astype("uint16").reshape(30, 40)[16:30, 32:40]
     np.testing.assert_array_equal(values[:14, :8], expected)
+
+
+@pytest.mark.s3
+def test_s3_flags_reach_the_store(good: Path, s3_server, s3_bucket: str, capsys) -> None:
+    client = s3_server.client()
+    for path in sorted((good / "v2").rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), s3_bucket, "v2/" + path.relative_to(good / "v2").as_posix())
+    code, out, err = run(["detect", "--json", "--endpoint", s3_server.endpoint,
+                          f"s3://{s3_bucket}/v2/"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["source"]["endpoint"] == s3_server.endpoint
+    assert {n["path"] for n in doc["nodes"]} >= {"", "raw", "labels/seg"}
+    code, _, err = run(["validate", "--endpoint", s3_server.endpoint, f"s3://{s3_bucket}/v2/"],
+                       capsys)
+    assert code == 0, err
+
+
+def test_s3_flags_on_a_local_source_say_why(good: Path, capsys) -> None:
+    code, _, err = run(["detect", "--anon", str(good / "v2")], capsys)
+    assert code == 2
+    assert "not on S3" in err

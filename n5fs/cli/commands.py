@@ -44,6 +44,34 @@ def describe(folder: Folder, source_spec: Any) -> dict[str, Any]:
     return out
 
 
+def add_s3_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags for S3 sources (also a zip on S3): what a URL cannot carry."""
+    group = parser.add_argument_group("S3 sources")
+    group.add_argument(
+        "--anon", action="store_true", default=None, help="unsigned requests, for public buckets"
+    )
+    group.add_argument(
+        "--endpoint",
+        metavar="URL",
+        default=None,
+        help="an S3-compatible server, e.g. http://127.0.0.1:9000",
+    )
+    group.add_argument("--region", metavar="NAME", default=None)
+    group.add_argument("--profile", metavar="NAME", default=None, help="a profile of ~/.aws/config")
+
+
+def source_from_args(args: argparse.Namespace) -> str:
+    """SOURCE, with the S3 flags applied to its S3 store (an error if it has none)."""
+    from n5fs.cli.config import S3Settings, with_s3
+
+    settings = S3Settings(
+        endpoint=args.endpoint, region=args.region, profile=args.profile, anonymous=args.anon
+    )
+    if settings == S3Settings():
+        return str(args.source)
+    return with_s3(args.source, settings, "command line")
+
+
 def open_cli_source(text: str, *, read_only: bool = False) -> Source:
     """``open_source``, plus ``demo:`` for the built-in demo store."""
     from n5fs.cli.demo import DEMO_SOURCE, demo_store
@@ -55,7 +83,7 @@ def open_cli_source(text: str, *, read_only: bool = False) -> Source:
 
 
 def run_detect(args: argparse.Namespace) -> int:
-    source = open_cli_source(args.source)
+    source = open_cli_source(source_from_args(args))
     with source.store:
         detector = Detector(source.store)
         nodes = [
@@ -95,7 +123,7 @@ def _tree_line(node: dict[str, Any]) -> str:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    source = open_cli_source(args.source, read_only=True)
+    source = open_cli_source(source_from_args(args), read_only=True)
     with source.store:
         validator = Validator(source.store, jobs=args.jobs)
         progress = validator.progress
@@ -137,6 +165,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("source", metavar="SOURCE", help="URL or JSON kvstore spec (see n5fs --help)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_s3_arguments(p)
     p.set_defaults(run=run_detect)
 
     p = sub.add_parser(
@@ -161,4 +190,5 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         metavar="N",
         help="parallel chunk checks (default: number of CPUs)",
     )
+    add_s3_arguments(p)
     p.set_defaults(run=run_validate)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from n5fs.cli.commands import add_s3_arguments, source_from_args
 from n5fs.cli.config import apply_config, load_config
 from n5fs.cli.daemon import (
     daemonize,
@@ -225,6 +226,7 @@ def run_mount(args: argparse.Namespace) -> int:
                 f"n5fs mount needs a {what}: give it on the command line or as {name!r} in "
                 "the --config file"
             )
+    args.source = source_from_args(args)
     if args.log_level is not None:
         logging.getLogger("n5fs").setLevel(args.log_level.upper())
     if args.foreground:
@@ -393,6 +395,7 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="a TOML file with source, mountpoint and settings (systemd/n5fs.toml.example); "
         "command-line flags override it",
     )
+    add_s3_arguments(p)
     p.add_argument(
         "-o",
         dest="options",
