@@ -1,26 +1,52 @@
-"""Zarr v2 chunk validation throughput against plain numcodecs decoding of the same bytes.
+"""Validation throughput: per chunk against bare decoding, and whole stores against TensorStore.
 
-Validation (``Zarr2ArrayNode.validate_chunk``: grid check, bounded decode, exact size check)
-should cost at most ~1.2x a bare ``codec.decode``. Both run in this process on the same
-chunks; the table reports the best of several rounds, so the ratio is what matters.
+Per chunk (the default): ``Zarr2ArrayNode.validate_chunk`` (grid check, bounded decode, exact
+size check) should cost at most ~1.2x a bare ``codec.decode``. Both run in this process on the
+same chunks; the table reports the best of several rounds, so the ratio is what matters.
+
+Whole store (``--store``): ``n5fs validate`` over a >= 1 GiB N5 dataset (gzip, 128^3 uint16
+blocks) and a 50k-chunk Zarr v2 array (16x16 uint16, zstd), both written by TensorStore into a
+temp dir, on the file store and on S3 (a moto server this script starts on 127.0.0.1, port 0,
+and stops at the end), against TensorStore reading the same arrays through its own file / s3
+kvstore in the same run. The temp dir is removed at the end.
 
     python scripts/bench_validate.py [--side 64] [--chunks 8] [--rounds 7]
+    python scripts/bench_validate.py --store [--n5-gib 1] [--zarr-chunks 50000] [--jobs N]
+    python scripts/bench_validate.py --store --quick      # small smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from math import isqrt, prod
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import boto3
 import numcodecs
 import numpy as np
+import tensorstore as ts
+from botocore.config import Config
 
+from n5fs.detect import open_source
 from n5fs.formats.zarr2 import Zarr2ArrayNode, Zarr2Format
+from n5fs.validate import validate_store
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 CODECS = {
     "gzip(5)": {"id": "gzip", "level": 5},
@@ -60,18 +86,13 @@ def best(call: Callable[[], object], rounds: int) -> float:
     return min(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--side", type=int, default=64)
-    parser.add_argument("--chunks", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-    side = args.side
+def bench_chunks(args: argparse.Namespace) -> None:
+    side, rounds = args.side, args.rounds or 7
     chunks = [realistic_chunk(side, seed) for seed in range(args.chunks)]
     raw_mib = sum(c.nbytes for c in chunks) / 2**20
     print(
         f"{args.chunks} chunks of {side}^3 <u2 ({raw_mib:.1f} MiB decoded), "
-        f"best of {args.rounds} rounds\n"
+        f"best of {rounds} rounds\n"
     )
     print(
         f"{'codec':<24}{'ratio':>7}{'decode MB/s':>13}{'validate MB/s':>15}{'validate/decode':>17}"
@@ -101,12 +122,307 @@ def main() -> None:
                 node.validate_chunk((i, 0, 0), blob)
 
         validate()  # warm up and prove every chunk is valid
-        t_decode, t_validate = best(decode, args.rounds), best(validate, args.rounds)
+        t_decode, t_validate = best(decode, rounds), best(validate, rounds)
         ratio = sum(c.nbytes for c in chunks) / sum(len(b) for b in blobs)
         print(
             f"{name:<24}{ratio:>7.2f}{raw_mib * 1.048576 / t_decode:>13.0f}"
             f"{raw_mib * 1.048576 / t_validate:>15.0f}{t_validate / t_decode:>16.2f}x"
         )
+
+
+# -- whole store: n5fs validate against a TensorStore read of the same arrays -----------------
+
+N5_BLOCK = 128
+ZARR_SIDE = 16
+METADATA = frozenset({"attributes.json", ".zarray", ".zattrs", ".zgroup", "zarr.json"})
+AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+_PORT_LINE = re.compile(rb"Running on http://127\.0\.0\.1:(\d+)")
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One array TensorStore wrote: ``folder`` under the data root, and in the bucket."""
+
+    label: str
+    folder: str
+    driver: str
+    chunks: int
+    stored: int
+    decoded: int
+
+
+@dataclass(frozen=True)
+class Row:
+    dataset: Dataset
+    store: str
+    jobs: int
+    n5fs: float
+    listing: float
+    cli: float
+    tensorstore: float
+
+
+def smooth_poisson(
+    shape: tuple[int, ...], origin: tuple[int, ...], seed: int
+) -> np.ndarray[Any, Any]:
+    """Structure that is smooth across the whole array plus Poisson noise, like a microscope
+    image: it compresses about as well as real data (a ramp or zeros would flatter gzip)."""
+    grids = np.ix_(*(np.arange(o, o + n) / 37.0 for o, n in zip(origin, shape, strict=True)))
+    base = 800.0 + 400.0 * np.sin(grids[-1]) * np.cos(grids[-2] * 0.6)
+    base = base + sum(250.0 * np.sin(g * (0.3 + 0.2 * k)) for k, g in enumerate(grids[:-2]))
+    rng = np.random.default_rng(seed)
+    return np.asarray(rng.poisson(np.clip(base, 10, None)), dtype="<u2")
+
+
+def measured(root: Path, folder: str, label: str, driver: str, decoded: int) -> Dataset:
+    files = [p for p in (root / folder).rglob("*") if p.is_file()]
+    chunks = sum(1 for p in files if p.name not in METADATA)
+    return Dataset(label, folder, driver, chunks, sum(p.stat().st_size for p in files), decoded)
+
+
+def n5_shape(gib: float) -> tuple[int, int, int]:
+    """A grid of ``gib`` worth of 128^3 uint16 blocks, 8x8 blocks a slab when there are enough."""
+    blocks = max(1, round(gib * 2**30 / (2 * N5_BLOCK**3)))
+    side = 8 if blocks >= 64 else 2 if blocks >= 4 else 1
+    return (-(-blocks // side**2) * N5_BLOCK, side * N5_BLOCK, side * N5_BLOCK)
+
+
+def write_n5(root: Path, gib: float) -> Dataset:
+    shape = n5_shape(gib)
+    metadata = {"dimensions": list(shape), "blockSize": [N5_BLOCK] * 3, "dataType": "uint16"}
+    spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(root / "n5")}}
+    spec["metadata"] = {**metadata, "compression": {"type": "gzip"}}
+    array = ts.open(spec, create=True).result()
+    pending: list[Any] = []
+    for z in range(0, shape[0], N5_BLOCK):  # one row of whole blocks at a time: bounded memory
+        for y in range(0, shape[1], N5_BLOCK):
+            strip = smooth_poisson((N5_BLOCK, N5_BLOCK, shape[2]), (z, y, 0), seed=z + y * 7)
+            pending.append(array[z : z + N5_BLOCK, y : y + N5_BLOCK, :].write(strip))
+            while len(pending) > 2:
+                pending.pop(0).result()
+    for future in pending:
+        future.result()
+    return measured(root, "n5/", f"N5 gzip {N5_BLOCK}^3", "n5", 2 * prod(shape))
+
+
+def zarr_grid(chunks: int) -> tuple[int, int]:
+    """Rows x columns of chunks: exactly ``chunks`` when it has a divisor near its root."""
+    root = max(1, isqrt(chunks))
+    cols = next(c for c in range(root, 0, -1) if chunks % c == 0)
+    if cols < root // 4:
+        cols = root
+    return -(-chunks // cols), cols
+
+
+def write_zarr(root: Path, chunks: int) -> Dataset:
+    rows, cols = zarr_grid(chunks)
+    shape = (rows * ZARR_SIDE, cols * ZARR_SIDE)
+    metadata = {"shape": list(shape), "chunks": [ZARR_SIDE] * 2, "dtype": "<u2"}
+    spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": str(root / "zarr")}}
+    spec["metadata"] = {**metadata, "compressor": {"id": "zstd", "level": 3}, "fill_value": 0}
+    array = ts.open(spec, create=True).result()
+    array.write(smooth_poisson(shape, (0, 0), seed=1)).result()
+    label = f"Zarr2 zstd {ZARR_SIDE}x{ZARR_SIDE}"
+    return measured(root, "zarr/", label, "zarr", 2 * prod(shape))
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A moto server on a free loopback port (read back from its log); stopped on exit."""
+    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
+    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+    proc = subprocess.Popen(
+        [*cmd, "-H", "127.0.0.1", "-p", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    assert proc.stdout is not None
+    port = None
+    for line in proc.stdout:
+        match = _PORT_LINE.search(line)
+        if match:
+            port = int(match.group(1))
+            break
+    if port is None:
+        proc.kill()
+        raise RuntimeError("moto_server did not start")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def upload(root: Path, endpoint: str, bucket: str) -> int:
+    """Every file under ``root`` as an object of the same relative name, 16 PUTs at a time."""
+    config = Config(max_pool_connections=32)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", config=config)
+    client.create_bucket(Bucket=bucket)
+    files = [p for p in root.rglob("*") if p.is_file()]
+
+    def put(path: Path) -> None:
+        key = path.relative_to(root).as_posix()
+        client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+
+    with ThreadPoolExecutor(16) as pool:
+        for _ in pool.map(put, files):
+            pass
+    return len(files)
+
+
+def run_n5fs(source: dict[str, Any], jobs: int | None, dataset: Dataset) -> tuple[float, int]:
+    """Seconds for open + detect + list + validate, as the CLI does it; and the jobs used."""
+    used: list[int] = []
+    start = time.perf_counter()
+    with open_source(source, read_only=True).store as store:
+        report = validate_store(store, jobs=jobs, on_start=lambda v: used.append(v.jobs))
+    elapsed = time.perf_counter() - start
+    if not report.ok or report.chunks != dataset.chunks:
+        raise RuntimeError(f"{dataset.label}: unexpected report {report.to_json()}")
+    return elapsed, used[0]
+
+
+def run_cli(source: dict[str, Any], jobs: int | None, dataset: Dataset) -> float:
+    """Seconds for ``n5fs validate --json`` in a fresh interpreter (imports included)."""
+    argv = [sys.executable, "-m", "n5fs", "validate", "--json", json.dumps(source)]
+    argv += ["--jobs", str(jobs)] if jobs else []
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=3600)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{dataset.label}: n5fs validate exited {proc.returncode}: {proc.stderr}"
+        )
+    checked = json.loads(proc.stdout)["checked"]["chunks"]
+    if checked != dataset.chunks:
+        raise RuntimeError(f"{dataset.label}: the CLI checked {checked} of {dataset.chunks} chunks")
+    return elapsed
+
+
+def run_listing(source: dict[str, Any], dataset: Dataset) -> float:
+    """Seconds for the one listing n5fs needs and TensorStore does not (it reads by key)."""
+    with open_source(source, read_only=True).store as store:
+        start = time.perf_counter()
+        listed = len(store.list("", delimiter=None).keys)
+        elapsed = time.perf_counter() - start
+    if listed < dataset.chunks:
+        raise RuntimeError(f"{dataset.label}: listed {listed} of {dataset.chunks} chunks")
+    return elapsed
+
+
+def run_tensorstore(source: dict[str, Any], dataset: Dataset) -> float:
+    """Seconds for TensorStore to open the array and read all of it (no cache pool)."""
+    start = time.perf_counter()
+    spec = {"driver": dataset.driver, "kvstore": source}
+    array = ts.open(spec, read=True, context=ts.Context()).result()
+    values = array.read().result()
+    elapsed = time.perf_counter() - start
+    if values.nbytes != dataset.decoded:
+        raise RuntimeError(f"{dataset.label}: TensorStore read {values.nbytes} bytes")
+    return elapsed
+
+
+def bench_row(store: str, source: dict[str, Any], dataset: Dataset, args: Any) -> Row:
+    """Alternate TensorStore and n5fs each round (so drift hits both), keep the best."""
+    ts_times, n5_times, jobs = [], [], 0
+    for _ in range(args.rounds):
+        ts_times.append(run_tensorstore(source, dataset))
+        elapsed, jobs = run_n5fs(source, args.jobs, dataset)
+        n5_times.append(elapsed)
+    cli, listing = run_cli(source, args.jobs, dataset), run_listing(source, dataset)
+    row = Row(dataset, store, jobs, min(n5_times), listing, cli, min(ts_times))
+    rounds = ", ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(n5_times, ts_times, strict=True))
+    print(f"  {dataset.label} on {store}: n5fs/TS s by round {rounds}; CLI {cli:.2f} s", flush=True)
+    return row
+
+
+def print_table(rows: list[Row], rounds: int) -> None:
+    print(
+        f"\nwhole store, best of {rounds} rounds; MB = stored bytes (1e6). n5fs = validate_store()"
+        " in-process (open, detect,\nlist, validate); list = of that, the listing alone; CLI = "
+        "`n5fs validate --json` once (interpreter start\nincluded); TS = TensorStore open + read "
+        "of the whole array. Ratios: time / TensorStore time.\n"
+    )
+    print(
+        f"{'dataset':<20}{'store':<6}{'chunks':>7}{'MB':>6}{'jobs':>5}{'n5fs s':>8}{'list s':>7}"
+        f"{'MB/s':>6}{'chunk/s':>8}{'TS s':>7}{'MB/s':>6}{'chunk/s':>8}{'n5fs/TS':>8}"
+        f"{'CLI s':>7}{'CLI/TS':>7}"
+    )
+    for r in rows:
+        d, mb = r.dataset, r.dataset.stored / 1e6
+        print(
+            f"{d.label:<20}{r.store:<6}{d.chunks:>7}{mb:>6.0f}{r.jobs:>5}{r.n5fs:>8.2f}"
+            f"{r.listing:>7.2f}{mb / r.n5fs:>6.0f}{d.chunks / r.n5fs:>8.0f}{r.tensorstore:>7.2f}"
+            f"{mb / r.tensorstore:>6.0f}{d.chunks / r.tensorstore:>8.0f}"
+            f"{r.n5fs / r.tensorstore:>7.2f}x{r.cli:>7.2f}{r.cli / r.tensorstore:>6.2f}x"
+        )
+
+
+def bench_stores(args: argparse.Namespace) -> None:
+    os.environ.update(AWS_ENV)  # the moto server's fake credentials, for boto3 and TensorStore
+    root = Path(tempfile.mkdtemp(prefix="n5fs-bench-validate-"))
+    try:
+        start = time.perf_counter()
+        datasets = [write_n5(root, args.n5_gib), write_zarr(root, args.zarr_chunks)]
+        for d in datasets:
+            print(
+                f"wrote {d.label}: {d.chunks} chunks, {d.stored / 1e6:.0f} MB stored, "
+                f"{d.decoded / 2**20:.0f} MiB decoded"
+            )
+        print(f"  ({time.perf_counter() - start:.0f} s)")
+        rows = [
+            bench_row("file", {"driver": "file", "path": str(root / d.folder)}, d, args)
+            for d in datasets
+        ]
+        with moto_server() as endpoint:
+            bucket = f"bench-{uuid.uuid4().hex[:12]}"
+            start = time.perf_counter()
+            count = upload(root, endpoint, bucket)
+            print(f"uploaded {count} objects to moto in {time.perf_counter() - start:.0f} s")
+            for d in datasets:
+                s3 = {
+                    "driver": "s3",
+                    "bucket": bucket,
+                    "path": d.folder,
+                    "endpoint": endpoint,
+                    "aws_region": "us-east-1",
+                    "aws_credentials": {"type": "environment"},
+                }
+                rows.append(bench_row("s3", s3, d, args))
+        print_table(rows, args.rounds)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--side", type=int, default=64, help="per chunk: chunk side")
+    parser.add_argument("--chunks", type=int, default=8, help="per chunk: how many chunks")
+    parser.add_argument("--rounds", type=int, default=None, help="best of (7 per chunk, 2 store)")
+    parser.add_argument("--store", action="store_true", help="benchmark whole stores instead")
+    parser.add_argument("--n5-gib", type=float, default=1.0, help="decoded size of the N5 array")
+    parser.add_argument(
+        "--zarr-chunks", type=int, default=50_000, help="chunks of the Zarr v2 array"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=None, help="n5fs validate --jobs (default: its own)"
+    )
+    parser.add_argument("--quick", action="store_true", help="small store run (smoke test)")
+    args = parser.parse_args()
+    if not args.store:
+        bench_chunks(args)
+        return
+    if args.quick:
+        args.n5_gib, args.zarr_chunks = 1 / 32, 2_000
+    args.rounds = args.rounds or 2
+    bench_stores(args)
 
 
 if __name__ == "__main__":
