@@ -11,17 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,9 +24,10 @@ import boto3
 
 from n5fs.kvstore.s3 import S3Store
 from n5fs.kvstore.spec import S3Spec
+from n5fs.testing.moto_server import moto_server
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
 try:
     from n5fs.kvstore.file import FileStore
@@ -42,32 +38,6 @@ Results = dict[str, tuple[list[float], int]]  # what -> (seconds per run, keys l
 
 FOLDER = "vol/c/"
 VALUE = b"\x00" * 64
-
-
-@contextmanager
-def moto_server() -> Iterator[str]:
-    """A moto server on a free loopback port; yields its endpoint, stops it on exit."""
-    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen(
-        [*cmd, "-H", "127.0.0.1", "-p", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    assert proc.stdout is not None
-    port = None
-    for line in proc.stdout:
-        match = re.search(rb"Running on http://127\.0\.0\.1:(\d+)", line)
-        if match:
-            port = int(match.group(1))
-            break
-    if port is None:
-        proc.kill()
-        raise RuntimeError("moto_server did not start")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def chunk_names(n: int) -> list[str]:

@@ -25,11 +25,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from math import isqrt, prod
 from pathlib import Path
@@ -43,10 +41,11 @@ from botocore.config import Config
 
 from n5fs.detect import open_source
 from n5fs.formats.zarr2 import Zarr2ArrayNode, Zarr2Format
+from n5fs.testing.moto_server import moto_server
 from n5fs.validate import validate_store
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
 CODECS = {
     "gzip(5)": {"id": "gzip", "level": 5},
@@ -229,35 +228,6 @@ def write_zarr(root: Path, chunks: int) -> Dataset:
     array.write(smooth_poisson(shape, (0, 0), seed=1)).result()
     label = f"Zarr2 zstd {ZARR_SIDE}x{ZARR_SIDE}"
     return measured(root, "zarr/", label, "zarr", 2 * prod(shape))
-
-
-@contextmanager
-def moto_server() -> Iterator[str]:
-    """A moto server on a free loopback port (read back from its log); stopped on exit."""
-    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen(
-        [*cmd, "-H", "127.0.0.1", "-p", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    assert proc.stdout is not None
-    port = None
-    for line in proc.stdout:
-        match = _PORT_LINE.search(line)
-        if match:
-            port = int(match.group(1))
-            break
-    if port is None:
-        proc.kill()
-        raise RuntimeError("moto_server did not start")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def upload(root: Path, endpoint: str, bucket: str) -> int:

@@ -4,11 +4,6 @@
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,12 +11,12 @@ from dataclasses import dataclass
 import boto3
 import pytest
 
+from n5fs.testing.moto_server import moto_server
+
 # the `mounter` fixture (real FUSE mounts in child processes) for every mount test
 pytest_plugins = ("tests.mounting",)
 
 _S3_ENDPOINTS: list[str] = []
-
-_PORT_LINE = re.compile(rb"Running on http://127\.0\.0\.1:(\d+)")
 
 
 @dataclass(frozen=True)
@@ -39,49 +34,12 @@ class S3Server:
         )
 
 
-def _moto_server_cmd() -> list[str]:
-    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-    return [exe] if exe else [sys.executable, "-m", "moto.server"]
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
     """One moto server for the session. Never skipped: moto is in the test extra."""
-    proc = subprocess.Popen(
-        [*_moto_server_cmd(), "-H", "127.0.0.1", "-p", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    port = None
-    seen = b""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        seen += line
-        match = _PORT_LINE.search(line)
-        if match:
-            port = int(match.group(1))
-            break
-    if port is None:
-        proc.kill()
-        raise RuntimeError(f"moto_server did not start: {seen.decode(errors='replace')}")
-    # Keep draining its output so the server never blocks on a full pipe.
-    import threading
-
-    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
-    server = S3Server(endpoint=f"http://127.0.0.1:{port}")
-    _S3_ENDPOINTS.append(server.endpoint)
-    try:
-        yield server
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with moto_server() as endpoint:
+        _S3_ENDPOINTS.append(endpoint)
+        yield S3Server(endpoint=endpoint)
 
 
 @pytest.fixture(autouse=True, scope="session")
