@@ -652,6 +652,14 @@ class Bench:
             f"{nbytes / value / 1e6:.0f} MB/s" if nbytes else f"{value:.3g} s"
         )
 
+    def failed(self, row: str, store: str, col: str, exc: BenchError) -> None:
+        """A watchdog overrun is a lower bound on the time (ratios then read "> x")."""
+        if str(exc).startswith("watchdog"):
+            self.seconds[(row, store, col)] = self.args.timeout
+            self.cells[(row, store, col)] = f"> {self.args.timeout:g} s"
+        else:
+            self.cells[(row, store, col)] = "failed"
+
     def timed(self, what: str, call: Callable[[], int], expect: int | None) -> float:
         with self.mounts.guard(what, self.args.timeout):
             start = time.perf_counter()
@@ -700,7 +708,7 @@ class Bench:
                         best = min(self.timed(what, run, load.expect) for _ in range(rounds))
                         self.record(warm, store, variant.name, best, load.nbytes)
             except BenchError as exc:
-                self.cells[(cold, store, variant.name)] = "failed"
+                self.failed(cold, store, variant.name, exc)
                 print(f"  {what}: {exc}", flush=True)
             print(f"  {what}: cold {self.cells.get((cold, store, variant.name))}"
                   f", warm {self.cells.get((warm, store, variant.name), '-')}", flush=True)  # fmt: skip
@@ -750,7 +758,7 @@ class Bench:
         try:
             times[col].append(self.timed(f"{row} via {col}", cp, None))
         except BenchError as exc:
-            self.cells[(row, "file", col)] = "failed"
+            self.failed(row, "file", col, exc)
             print(f"  file {row} via {col}: {exc}", flush=True)
 
     @staticmethod
@@ -829,7 +837,8 @@ def fill_ratios(bench: Bench, rows: list[tuple[str, str]]) -> None:
         if mine is None or theirs is None:
             continue
         ratio = theirs / mine
-        bench.cells[(row, store, "ratio")] = f"{ratio:.2f}x vs {ref}"
+        bound = "> " if bench.cells.get((row, store, ref), "").startswith(">") else ""
+        bench.cells[(row, store, "ratio")] = f"{bound}{ratio:.2f}x vs {ref}"
         if target is not None:
             bench.cells[(row, store, "target")] = f">= {target:g}x"
             bench.cells[(row, store, "met")] = "yes" if ratio >= target else "NO"
