@@ -257,7 +257,7 @@ def test_mount_returns_once_mounted_status_then_unmount(mounter):
     assert mount_entry(str(mp)) is None
     assert not process_alive(pid)
     assert not state_path(str(mp)).exists()
-    assert mounter.cli("status").stdout == "no n5fs mounts\n"
+    assert str(mp) not in mounter.cli("status").stdout  # gone (other mounts may remain)
 
 
 @pytest.mark.parametrize(
