@@ -27,7 +27,6 @@ import contextlib
 import filecmp
 import json
 import os
-import re
 import shutil
 import signal
 import stat
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from n5fs.fuse_front.mounts import MountFailed, mount_entry, unmount
 from n5fs.fuse_front.options import parse_size
+from n5fs.testing.moto_server import moto_server
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -231,34 +231,6 @@ def drop_caches(data: Data) -> str:
 
 
 # == S3 ============================================================================================
-
-
-@contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
-    cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen(
-        [*cmd, "-H", "127.0.0.1", "-p", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    assert proc.stdout is not None
-    port = None
-    for line in proc.stdout:
-        match = re.search(rb"Running on http://127\.0\.0\.1:(\d+)", line)
-        if match:
-            port = int(match.group(1))
-            break
-    if port is None:
-        proc.kill()
-        raise BenchError("moto_server did not start")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep the pipe drained
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def s3_client(endpoint: str) -> Any:
