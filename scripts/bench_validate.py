@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -140,7 +139,6 @@ AWS_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-_PORT_LINE = re.compile(rb"Running on http://127\.0\.0\.1:(\d+)")
 
 
 @dataclass(frozen=True)
