@@ -188,7 +188,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         type=int,
         default=None,
         metavar="N",
-        help="parallel chunk checks (default: number of CPUs)",
+        help="parallel chunk checks (default: CPUs on a local store; 2 per CPU, at least 8, on a remote one)",
     )
     add_s3_arguments(p)
     p.set_defaults(run=run_validate)
