@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from n5fs.caching import LoadingCache
 from n5fs.errors import DetectionFailed, InvalidSource, Rejected
 from n5fs.formats.base import ArrayNode, Format, GroupNode, Node
 from n5fs.formats.registry import FORMATS, METADATA_NAMES, PROBE_NAMES, get_format
@@ -135,6 +135,12 @@ class Detector:
 
     ``ttl`` (seconds, None = forever) bounds how long an answer may be stale when someone
     else writes the store; ``clock`` is injectable so tests never sleep.
+
+    Concurrency: the answers live in a :class:`~n5fs.caching.LoadingCache`, so threads that
+    ask about one folder share one detection, a detection that began before an
+    ``invalidate`` of its folder is never stored (a folder cached as plain after its array was
+    created would let chunks in unvalidated), and failed detections (format clash, broken
+    metadata) are cached as negative entries until the folder's metadata changes.
     """
 
     def __init__(
@@ -145,24 +151,15 @@ class Detector:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
-        self._ttl = ttl
-        self._clock = clock
-        self._cache: dict[str, tuple[float, Folder]] = {}
-        self._lock = threading.Lock()
+        self._cache: LoadingCache[Folder] = LoadingCache(
+            ttl, clock=clock, negative=(DetectionFailed, Rejected)
+        )
 
     def folder(self, prefix: str) -> Folder:
         """What the folder at ``prefix`` is. Raises DetectionFailed when formats clash and
         Rejected when its metadata is invalid."""
         prefix = dir_prefix(prefix)
-        now = self._clock()
-        with self._lock:
-            hit = self._cache.get(prefix)
-        if hit is not None and (self._ttl is None or now - hit[0] < self._ttl):
-            return hit[1]
-        result = self._detect(prefix)
-        with self._lock:
-            self._cache[prefix] = (now, result)
-        return result
+        return self._cache.load(prefix, lambda: self._detect(prefix))
 
     def _detect(self, prefix: str) -> Folder:
         above = self.folder(parent(prefix.rstrip("/"))) if prefix else None
@@ -208,15 +205,10 @@ class Detector:
         if basename(key) not in METADATA_NAMES:
             return 0
         folder = dir_prefix(parent(key))
-        with self._lock:
-            stale = [p for p in self._cache if p.startswith(folder)]
-            for p in stale:
-                del self._cache[p]
-        return len(stale)
+        return self._cache.invalidate_prefix(folder)
 
     def clear(self) -> None:
-        with self._lock:
-            self._cache.clear()
+        self._cache.clear()
 
     def walk(
         self, prefix: str = "", *, on_error: Callable[[str, Exception], None] | None = None

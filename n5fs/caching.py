@@ -1,0 +1,197 @@
+"""Single-flight, generation-checked caches with a TTL and an injected clock.
+
+Why this shape: FUSE calls arrive on many threads. A cache that loads outside its lock and
+stores what it loaded can store an answer that was already stale when it arrived (a LIST that
+began before a commit, stored after the commit invalidated the folder: the committed name then
+answers ENOENT until the TTL). Here every load is a *flight*:
+
+- one flight per key: threads that miss the same key wait for one load (one LIST per folder,
+  however many threads ask);
+- every invalidation of a key (``invalidate``, ``invalidate_prefix``, ``replace``, ``clear``)
+  marks the flights of that key stale and forgets them: a stale flight's value is handed to the
+  callers that were already waiting (their question began before the change) but never stored,
+  and a caller that arrives after the invalidation starts a fresh flight;
+- values are immutable: ``replace`` swaps in ``change(old)``, it never mutates ``old`` in place,
+  so a reader iterating a value can never see it change under it;
+- failures of the types named in ``negative`` are cached too (a negative entry), and re-raised
+  on a hit; others are never cached.
+
+Lock discipline: one internal lock guards the entries and the flight table; it is held only for
+dictionary operations, never while a loader runs, so a loader may use other caches (the
+detector's loads of a folder use its parent's entry). This module imports only the standard
+library: detection (below the gateway) and the gateway both use it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+V = TypeVar("V")
+
+Clock = Callable[[], float]
+
+
+@dataclass(eq=False)
+class _Flight(Generic[V]):
+    """One load in progress; ``stale`` once an invalidation touched its key."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    value: V | None = None
+    error: BaseException | None = None
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class _Entry(Generic[V]):
+    born: float
+    value: V | None = None
+    error: BaseException | None = None
+
+
+class LoadingCache(Generic[V]):
+    """str-keyed answers, fresh for ``ttl`` seconds (None: until invalidated); LRU past
+    ``max_entries``. See the module docstring for the flight rules."""
+
+    def __init__(
+        self,
+        ttl: float | None,
+        *,
+        max_entries: int = 100_000,
+        clock: Clock = time.monotonic,
+        negative: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._clock = clock
+        self._negative = negative
+        self._data: OrderedDict[str, _Entry[V]] = OrderedDict()
+        self._flights: dict[str, _Flight[V]] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        self.discarded = 0  # loads not stored because an invalidation overtook them
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _fresh(self, key: str, now: float) -> _Entry[V] | None:
+        """The live entry of ``key`` (caller holds the lock)."""
+        entry = self._data.get(key)
+        if entry is None:
+            return None
+        if self.ttl is not None and now - entry.born >= self.ttl:
+            del self._data[key]
+            return None
+        self._data.move_to_end(key)
+        return entry
+
+    def get(self, key: str) -> V | None:
+        """The cached value, or None (absent, expired, or a negative entry); never loads."""
+        with self._lock:
+            entry = self._fresh(key, self._clock())
+        return entry.value if entry is not None else None
+
+    def load(self, key: str, loader: Callable[[], V]) -> V:
+        """The cached value, else the value of one shared call of ``loader``."""
+        with self._lock:
+            entry = self._fresh(key, self._clock())
+            if entry is not None:
+                self.hits += 1
+                return _unwrap(entry.value, entry.error)
+            self.misses += 1
+            flight = self._flights.get(key)
+            owner = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight()
+        if not owner:
+            flight.done.wait()
+            return _unwrap(flight.value, flight.error)
+        self._fly(key, flight, loader)
+        return _unwrap(flight.value, flight.error)
+
+    def _fly(self, key: str, flight: _Flight[V], loader: Callable[[], V]) -> None:
+        born = self._clock()  # the answer is as old as the moment its load began
+        try:
+            flight.value = loader()
+        except BaseException as exc:  # noqa: BLE001  # handed to every waiting caller
+            flight.error = exc
+        with self._lock:
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+            keep = not flight.stale and (
+                flight.error is None or isinstance(flight.error, self._negative)
+            )
+            if keep:
+                self._store(key, _Entry(born, flight.value, flight.error))
+            elif flight.stale:
+                self.discarded += 1
+        flight.done.set()
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def _store(self, key: str, entry: _Entry[V]) -> None:
+        self._data[key] = entry
+        self._data.move_to_end(key)
+        while len(self._data) > self.max_entries:
+            self._data.popitem(last=False)
+
+    def put(self, key: str, value: V) -> None:
+        with self._lock:
+            self._ground(key)
+            self._store(key, _Entry(self._clock(), value))
+
+    def replace(self, key: str, change: Callable[[V], V]) -> bool:
+        """Swap a live entry for ``change(old)`` (keeping its age); False if there is none.
+
+        Flights of ``key`` are grounded either way: they may have read the store before the
+        change this call records.
+        """
+        with self._lock:
+            self._ground(key)
+            entry = self._fresh(key, self._clock())
+            if entry is None or entry.value is None:
+                self._data.pop(key, None)  # a negative entry says nothing about the change
+                return False
+            self._data[key] = _Entry(entry.born, change(entry.value))
+            return True
+
+    def _ground(self, key: str) -> None:
+        flight = self._flights.pop(key, None)
+        if flight is not None:
+            flight.stale = True
+
+    def invalidate(self, key: str) -> None:
+        with self._lock:
+            self._ground(key)
+            self._data.pop(key, None)
+
+    def invalidate_prefix(self, prefix: str) -> int:
+        with self._lock:
+            for key in [k for k in self._flights if k.startswith(prefix)]:
+                self._ground(key)
+            stale = [k for k in self._data if k.startswith(prefix)]
+            for key in stale:
+                del self._data[key]
+            return len(stale)
+
+    def clear(self) -> None:
+        with self._lock:
+            for key in list(self._flights):
+                self._ground(key)
+            self._data.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._data)
+
+
+def _unwrap(value: V | None, error: BaseException | None) -> V:
+    if error is not None:
+        # a shared (cached) exception: drop the traceback of earlier raises, or every hit
+        # would lengthen it
+        raise error.with_traceback(None)
+    return value  # type: ignore[return-value]  # a successful load stored a V
