@@ -89,6 +89,12 @@ class NotSupported(N5fsError, OSError):
     errno_code = errno.ENOTSUP
 
 
+class FileTooLarge(N5fsError, OSError):
+    """A write or truncate that would grow a file past the mount's ``max_file_size``."""
+
+    errno_code = errno.EFBIG
+
+
 class CrossDevice(N5fsError, OSError):
     """A rename the store cannot do in place; ``mv`` falls back to copy on EXDEV."""
 

@@ -76,6 +76,42 @@ def test_write_is_durable(store: FileStore, monkeypatch: pytest.MonkeyPatch) -> 
     assert len(synced) >= 2  # the file, then its directory
 
 
+def test_put_file_keeps_holes(store: FileStore, tmp_path: Path) -> None:
+    size = 8 << 30
+    source = tmp_path / "sparse"
+    writes = {0: b"head", 3 << 30: b"middle" * 1000, size - 4: b"tail"}
+    with open(source, "wb") as f:
+        os.ftruncate(f.fileno(), size)
+        for offset, data in writes.items():
+            os.pwrite(f.fileno(), data, offset)
+    store.put_file("a/big", source)
+    st = os.stat(store.root / "a" / "big")
+    assert st.st_size == size
+    assert st.st_blocks * 512 < 1 << 20
+    with open(store.root / "a" / "big", "rb") as f:
+        for offset, data in writes.items():
+            assert os.pread(f.fileno(), len(data), offset) == data
+        assert os.pread(f.fileno(), 8, 1 << 30) == bytes(8)
+    assert sorted(os.listdir(store.root / "a")) == ["big"]  # no temp left beside it
+
+
+def test_put_file_without_seek_data_copies_plainly(
+    store: FileStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "plain"
+    source.write_bytes(b"x" * 3_000_000 + bytes(10))
+    real_lseek = os.lseek
+
+    def no_holes(fd: int, pos: int, how: int) -> int:
+        if how in (os.SEEK_DATA, os.SEEK_HOLE):
+            raise OSError(errno.EINVAL, "not here")
+        return real_lseek(fd, pos, how)
+
+    monkeypatch.setattr(os, "lseek", no_holes)
+    store.put_file("p", source)
+    assert store.get("p") == source.read_bytes()
+
+
 def test_key_conflicts_have_errnos(store: FileStore) -> None:
     store.set("a", b"file")
     with pytest.raises(NotAPrefix) as info:

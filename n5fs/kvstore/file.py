@@ -69,6 +69,58 @@ def atomic_writer(path: str) -> Iterator[BinaryIO]:
         raise
 
 
+def copy_sparse(src: BinaryIO, dst: BinaryIO) -> None:
+    """Copy ``src`` into the empty ``dst``: only its data extents (``SEEK_DATA``/``SEEK_HOLE``)
+    at their offsets, then ``ftruncate`` to its size, so holes stay holes (``truncate -s 4G``
+    costs no blocks). Where the platform or filesystem cannot say, a plain copy."""
+    size = os.fstat(src.fileno()).st_size
+    extents: list[tuple[int, int]] | None
+    try:
+        extents = list(_data_extents(src.fileno(), size))
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        extents = None
+    if extents is None:
+        src.seek(0)
+        shutil.copyfileobj(src, dst, _CHUNK)
+        return
+    for start, stop in extents:
+        src.seek(start)
+        dst.seek(start)
+        _copy_range(src, dst, stop - start)
+    dst.flush()
+    os.ftruncate(dst.fileno(), size)
+
+
+def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """``(start, stop)`` of every data extent of ``fd``; OSError where unsupported."""
+    seek_data = getattr(os, "SEEK_DATA", None)
+    seek_hole = getattr(os, "SEEK_HOLE", None)
+    if seek_data is None or seek_hole is None:
+        raise OSError(errno.ENOTSUP, "no SEEK_DATA/SEEK_HOLE here")
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, seek_data)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but a hole up to the end
+                return
+            raise
+        stop = min(os.lseek(fd, start, seek_hole), size)
+        yield start, stop
+        pos = stop
+
+
+def _copy_range(src: BinaryIO, dst: BinaryIO, length: int) -> None:
+    while length > 0:
+        data = src.read(min(_CHUNK, length))
+        if not data:
+            return  # the source shrank meanwhile: the final ftruncate keeps the size
+        dst.write(data)
+        length -= len(data)
+
+
 class FileStore(KvStore):
     """Keys are files under ``root``; a prefix with nothing under it may exist (a directory)."""
 
@@ -185,7 +237,10 @@ class FileStore(KvStore):
                 except (OSError, AccessDenied):
                     continue  # dangling, or leads out of the root: not part of the store
             else:
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # renamed or removed since the scan (another thread's commit)
             yield entry, st
 
     def _walk_from(self, base: str, start: str) -> Iterator[KeyInfo]:
@@ -216,9 +271,10 @@ class FileStore(KvStore):
             f.write(value)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Copy a local file in, holes kept: a staged sparse file stays sparse on disk."""
         target = self._prepare(key)
         with open(path, "rb") as src, atomic_writer(target) as dst:
-            shutil.copyfileobj(src, dst, _CHUNK)
+            copy_sparse(src, dst)
 
     def copy(self, src: str, dst: str) -> None:
         source = self._path(src)
