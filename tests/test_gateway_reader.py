@@ -41,8 +41,11 @@ def test_sequential_reads_grow_the_window_to_the_cap(store: RangeLog) -> None:
     r, window = reader(store), ReadWindow()
     data = store.inner.get("big") or b""
     step = 128 << 10  # the kernel's read size
-    got = b"".join(r.read(window, "big", step, off, len(data)) for off in range(0, len(data), step))
-    assert got == data
+    pieces = []
+    for off in range(0, len(data), step):
+        piece, window = r.read(window, "big", step, off, len(data))
+        pieces.append(piece)
+    assert b"".join(pieces) == data
     lengths = [br.length for br in store.ranges if br is not None]
     assert lengths[:4] == [MiB, 2 * MiB, 4 * MiB, 8 * MiB]
     assert max(lengths) == 8 * MiB
@@ -52,14 +55,14 @@ def test_sequential_reads_grow_the_window_to_the_cap(store: RangeLog) -> None:
 def test_random_reads_fetch_exactly_what_is_asked(store: RangeLog) -> None:
     r, window = reader(store), ReadWindow()
     for off in (30 * MiB, 5 * MiB, 17 * MiB):  # never from 0: that counts as sequential
-        r.read(window, "big", 4096, off, 40 * MiB)
+        _, window = r.read(window, "big", 4096, off, 40 * MiB)
     assert [br.length for br in store.ranges if br is not None] == [4096, 4096, 4096]
 
 
 def test_small_objects_are_read_whole_once(store: RangeLog) -> None:
     r = reader(store)
-    assert r.read(ReadWindow(), "small", 4, 2, 10) == b"2345"
-    assert r.read(ReadWindow(), "small", 100, 8, 10) == b"89"
+    assert r.read(ReadWindow(), "small", 4, 2, 10)[0] == b"2345"
+    assert r.read(ReadWindow(), "small", 100, 8, 10)[0] == b"89"
     assert store.ranges == [None]
     assert r.cache.hits == 1
 
@@ -79,3 +82,36 @@ def test_vanished_object_is_enoent(store: RangeLog) -> None:
         r.read(ReadWindow(), "gone", 10, 0, None)
     with pytest.raises(KeyNotFound):
         r.read(ReadWindow(), "gone", 10, 0, 40 * MiB)
+
+
+def test_window_of_another_version_is_not_used(store: RangeLog) -> None:
+    r = reader(store)
+    first, window = r.read(ReadWindow(), "big", 4096, 0, 40 * MiB, version=(40 * MiB, 1.0))
+    store.inner.set("big", b"x" * (40 * MiB))  # a commit: new version
+    again, _ = r.read(window, "big", 4096, 0, 40 * MiB, version=(40 * MiB, 2.0))
+    assert again == b"x" * 4096 != first
+
+
+def test_cached_bytes_of_another_version_are_dropped(store: RangeLog) -> None:
+    r = reader(store)
+    assert r.whole("small", (10, 1.0)) == b"0123456789"
+    store.inner.set("small", b"abcdefghij")
+    assert r.whole("small", (10, 1.0)) == b"0123456789"  # same version: the cache answers
+    assert r.whole("small", (10, 2.0)) == b"abcdefghij"
+
+
+def test_read_overtaken_by_a_commit_is_not_cached() -> None:
+    """The hook sits between the store read and the cache fill: a commit lands there."""
+    inner = MemoryStore()
+    inner.set("k", b"old")
+
+    class Overtaken(ForwardingStore):
+        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+            data = super().get(key, byte_range)
+            inner.set("k", b"new")  # the commit, after the read and before the fill
+            r.cache.put("k", None, b"new")
+            return data
+
+    r = reader(Overtaken(inner))
+    assert r.whole("k") == b"old"  # the reader's question began before the commit
+    assert r.cache.get("k") == b"new"  # ... but its answer was never stored

@@ -1,84 +1,39 @@
-"""Bounded caches with an injected clock: no test sleeps, no cache grows without bound.
+"""Object bytes kept in memory, and the gateway's counters.
 
-``TTLCache`` holds answers (listings, stats) for ``ttl`` seconds, negative ones included;
-``ByteLRU`` holds object bytes up to a byte budget. Both are invalidated by prefix on every
-commit the mount makes.
+``ByteLRU`` holds whole small objects up to one byte budget. An entry carries the *version* of
+the object it came from (size and mtime as the folder's listing reports them): a reader asks
+for the version it believes current, and bytes of another version are dropped, so a change
+made behind the mount's back is seen as soon as the listing is (the TTL), never later.
+
+A read that began before a commit must not put its (old) bytes in the cache after the commit
+dropped them: a reader takes a *ticket* before it reads the store and stores through it;
+``invalidate``/``put`` of the key make outstanding tickets stale, and a stale ticket stores
+nothing.
+
+Lock discipline: each object here has one internal lock, held for dictionary work only (never
+around store I/O); they are leaf locks — nothing else is acquired while one is held.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from dataclasses import dataclass
 
-K = TypeVar("K")
-V = TypeVar("V")
+from n5fs.caching import Clock, LoadingCache
 
-Clock = Callable[[], float]
+__all__ = ["ByteLRU", "Clock", "Counters", "LoadingCache", "Ticket", "Version"]
+
+#: (size, mtime) of a stored object as its listing reports it; None when unknown
+Version = tuple[int, float] | None
 
 
-class TTLCache(Generic[V]):
-    """str-keyed answers that expire ``ttl`` seconds after they were put; LRU past ``max_entries``."""
+@dataclass(eq=False)
+class Ticket:
+    """Permission to store what one read of ``key`` returns, unless overtaken by a change."""
 
-    def __init__(
-        self, ttl: float, max_entries: int = 100_000, clock: Clock = time.monotonic
-    ) -> None:
-        self.ttl = ttl
-        self.max_entries = max_entries
-        self._clock = clock
-        self._data: OrderedDict[str, tuple[float, V]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: str) -> V | None:
-        now = self._clock()
-        with self._lock:
-            entry = self._data.get(key)
-            if entry is None or now - entry[0] >= self.ttl:
-                if entry is not None:
-                    del self._data[key]
-                self.misses += 1
-                return None
-            self._data.move_to_end(key)
-            self.hits += 1
-            return entry[1]
-
-    def put(self, key: str, value: V) -> None:
-        with self._lock:
-            self._data[key] = (self._clock(), value)
-            self._data.move_to_end(key)
-            while len(self._data) > self.max_entries:
-                self._data.popitem(last=False)
-
-    def update(self, key: str, change: Callable[[V], None]) -> bool:
-        """Apply ``change`` to a live entry in place (keeps its age); False if absent."""
-        with self._lock:
-            entry = self._data.get(key)
-            if entry is None or self._clock() - entry[0] >= self.ttl:
-                return False
-            change(entry[1])
-            return True
-
-    def invalidate(self, key: str) -> None:
-        with self._lock:
-            self._data.pop(key, None)
-
-    def invalidate_prefix(self, prefix: str) -> int:
-        with self._lock:
-            stale = [k for k in self._data if k.startswith(prefix)]
-            for k in stale:
-                del self._data[k]
-            return len(stale)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-
-    def __len__(self) -> int:
-        return len(self._data)
+    key: str
+    stale: bool = False
 
 
 class ByteLRU:
@@ -90,7 +45,8 @@ class ByteLRU:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._data: OrderedDict[str, bytes] = OrderedDict()
+        self._data: OrderedDict[str, tuple[Version, bytes]] = OrderedDict()
+        self._tickets: dict[str, list[Ticket]] = {}
         self._size = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -103,43 +59,102 @@ class ByteLRU:
     def admits(self, nbytes: int) -> bool:
         return nbytes <= self.max_bytes // 4
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, version: Version = None) -> bytes | None:
+        """The cached bytes of ``key`` if they are of ``version`` (None: of any version)."""
         with self._lock:
-            value = self._data.get(key)
-            if value is None:
+            entry = self._data.get(key)
+            if entry is not None and version is not None and entry[0] not in (None, version):
+                self._drop(key)
+                entry = None
+            if entry is None:
                 self.misses += 1
                 return None
             self._data.move_to_end(key)
             self.hits += 1
-            return value
+            return entry[1]
 
-    def put(self, key: str, value: bytes) -> None:
+    def ticket(self, key: str) -> Ticket:
+        """Take before reading ``key`` from the store; store the result with :meth:`fill`."""
+        ticket = Ticket(key)
         with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self._size -= len(old)
-            if not self.admits(len(value)):
-                return
-            self._data[key] = value
-            self._size += len(value)
-            while self._size > self.max_bytes:
-                _, evicted = self._data.popitem(last=False)
-                self._size -= len(evicted)
+            self._tickets.setdefault(key, []).append(ticket)
+        return ticket
+
+    def fill(self, ticket: Ticket, version: Version, value: bytes) -> bool:
+        """Store what the ticket's read returned, unless a change overtook it."""
+        with self._lock:
+            waiting = self._tickets.get(ticket.key, [])
+            if ticket in waiting:
+                waiting.remove(ticket)
+                if not waiting:
+                    del self._tickets[ticket.key]
+            if ticket.stale:
+                return False
+            self._store(ticket.key, version, value)
+            return True
+
+    def put(self, key: str, version: Version, value: bytes) -> None:
+        """The mount's own commit: these are the key's bytes now."""
+        with self._lock:
+            self._ground(key)
+            self._store(key, version, value)
+
+    def _store(self, key: str, version: Version, value: bytes) -> None:
+        self._drop(key)
+        if not self.admits(len(value)):
+            return
+        self._data[key] = (version, value)
+        self._size += len(value)
+        while self._size > self.max_bytes:
+            _, (_, evicted) = self._data.popitem(last=False)
+            self._size -= len(evicted)
+
+    def _drop(self, key: str) -> None:
+        old = self._data.pop(key, None)
+        if old is not None:
+            self._size -= len(old[1])
+
+    def _ground(self, key: str) -> None:
+        for ticket in self._tickets.pop(key, ()):
+            ticket.stale = True
 
     def invalidate(self, key: str) -> None:
         with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self._size -= len(old)
+            self._ground(key)
+            self._drop(key)
 
     def invalidate_prefix(self, prefix: str) -> int:
         with self._lock:
+            for key in [k for k in self._tickets if k.startswith(prefix)]:
+                self._ground(key)
             stale = [k for k in self._data if k.startswith(prefix)]
-            for k in stale:
-                self._size -= len(self._data.pop(k))
+            for key in stale:
+                self._drop(key)
             return len(stale)
 
     def clear(self) -> None:
         with self._lock:
+            for key in list(self._tickets):
+                self._ground(key)
             self._data.clear()
             self._size = 0
+
+
+class Counters:
+    """Named integer counters incremented from any thread (``/.n5fs/stats.json``)."""
+
+    def __init__(self, *names: str) -> None:
+        self._values = dict.fromkeys(names, 0)
+        self._lock = threading.Lock()
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._values[name] = self._values.get(name, 0) + amount
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._values)
+
+    def __getitem__(self, name: str) -> int:
+        with self._lock:
+            return self._values.get(name, 0)

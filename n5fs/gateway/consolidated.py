@@ -4,12 +4,21 @@ and every inline ``consolidated_metadata`` (v3 group ``zarr.json``) above the ke
 Stale consolidated metadata is the most reported zarr complaint: a reader that trusts it never
 sees an array written after consolidation. The writes here go straight to the store (they are
 derived from metadata that was just validated) and are reported through ``on_write``.
+
+Concurrency: upkeep is a read-modify-write of a shared document; two metadata commits in
+different folders of one hierarchy run at the same time (each holds only its own folder
+exclusively) and would lose an entry. ``after_change`` therefore runs under the keeper's lock:
+one upkeep at a time, each reading the document the previous one wrote. Callers hold the
+commit order of the metadata key (so the document is never rewritten by a commit of the
+consolidated file itself meanwhile); the lock is taken inside that, and nothing is acquired
+under it but cache (leaf) locks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from n5fs.formats.zarr3 import consolidated_metadata
@@ -42,15 +51,17 @@ class ConsolidatedKeeper:
         self.store = store
         self._exists = exists
         self._on_write = on_write
+        self._lock = threading.Lock()
 
     def after_change(self, key: str, data: bytes | None) -> list[str]:
         """``key`` was set to ``data`` (None: deleted); return the keys rewritten."""
         name = basename(key)
-        if name in _V2_ENTRIES:
-            return self._update_v2(key, data)
-        if name == "zarr.json":
-            return self._update_v3(key, data)
-        return []
+        with self._lock:
+            if name in _V2_ENTRIES:
+                return self._update_v2(key, data)
+            if name == "zarr.json":
+                return self._update_v3(key, data)
+            return []
 
     def _load(self, key: str) -> dict[str, Any] | None:
         raw = self.store.get(key)

@@ -1,30 +1,237 @@
-"""Where writes wait for their commit: memory first, a local temp file past a threshold.
+"""Where writes wait for their commit: a copy-on-write overlay on the stored object, in memory
+under one global budget, spilling to a sparse local temp file.
 
-Nothing here talks to the store; the gateway commits the staged bytes at flush/fsync/rename.
+Writes never load what they will not use (DESIGN.md "Consistency and concurrency"):
+
+- A new file or an ``O_TRUNC`` open starts empty (``base=None``) and never fetches anything.
+- Over a stored object (the *base*) nothing is fetched up front. Writes go to the overlay and
+  mark what they cover; reads of untouched ranges are fetched from the base, by range, and not
+  kept; ``truncate`` below the base cuts it (bytes past the cut read as zeros if the file grows
+  again). Only :meth:`StagedFile.getvalue` and :meth:`StagedFile.spill_path` (the commit, which
+  needs every byte) materialize the untouched base ranges, in pieces of ``FETCH_PIECE``.
+- The overlay is a bytearray while the file is at most ``spill_bytes`` and the shared
+  :class:`StagingBudget` grants the memory; past either it moves to an unlinked temp file.
+  Bytes past the bytearray's end read as zeros, so ``truncate`` up costs nothing in memory.
+- Sparse stays sparse: the temp file grows with ``ftruncate`` and copies into it (a spill, or
+  base ranges at commit) skip all-zero blocks, leaving holes; ``FileStore.put_file`` keeps them.
+
+Ownership and locks: a StagedFile is owned by one open-file node of the gateway and used only
+under that node's lock; it takes no lock of its own. The StagingBudget is shared by every
+StagedFile of a gateway and guards its counter with its own lock, held only for the arithmetic
+(never across I/O or a fetch), so taking it inside any node lock cannot deadlock.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+import sys
 import tempfile
 import threading
-from typing import BinaryIO
+from typing import Protocol
+
+from n5fs.errors import FileTooLarge
+
+#: base bytes are fetched (and copied into the temp file) at most this much at a time
+FETCH_PIECE = 8 << 20
+#: copies into the temp file skip all-zero blocks of this size (they stay holes)
+ZERO_BLOCK = 64 << 10
+_ZEROS = bytes(ZERO_BLOCK)
+
+
+class StagingBudget:
+    """One byte budget for staged data held in memory across all open files of a gateway."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    def reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes`` from the budget; False (nothing taken) if they are not there."""
+        if nbytes <= 0:
+            return True
+        with self._lock:
+            if self._used + nbytes > self.max_bytes:
+                return False
+            self._used += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        if nbytes <= 0:
+            return
+        with self._lock:
+            if nbytes > self._used:
+                raise ValueError(f"releasing {nbytes} staging bytes, only {self._used} reserved")
+            self._used -= nbytes
+
+
+class BaseObject(Protocol):
+    """The stored value a staged file starts from (copy on write)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def fetch(self, offset: int, length: int) -> bytes:
+        """Bytes of the stored object (may be short at its end)."""
+        ...
+
+
+class _Ranges:
+    """Disjoint, sorted, merged ``[start, end)`` ranges: what the overlay holds of the base."""
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[int, int]] = []
+
+    def add(self, start: int, end: int) -> None:
+        spans = self._spans
+        i = bisect.bisect_left(spans, (start, start))
+        if i > 0 and spans[i - 1][1] >= start:
+            i -= 1
+            start = spans[i][0]
+        j = i
+        while j < len(spans) and spans[j][0] <= end:
+            end = max(end, spans[j][1])
+            j += 1
+        spans[i:j] = [(start, end)]
+
+    def clip(self, length: int) -> None:
+        """Forget everything at or past ``length``."""
+        spans = self._spans
+        del spans[bisect.bisect_left(spans, (length, length)) :]
+        if spans and spans[-1][1] > length:
+            spans[-1] = (spans[-1][0], length)
+
+    def gaps(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The parts of ``[start, end)`` no range covers."""
+        spans, out, pos = self._spans, [], start
+        i = max(bisect.bisect_right(spans, (start, sys.maxsize)) - 1, 0)
+        while i < len(spans) and spans[i][0] < end and pos < end:
+            s, e = spans[i]
+            if s > pos:
+                out.append((pos, s))
+            pos = max(pos, e)
+            i += 1
+        if pos < end:
+            out.append((pos, end))
+        return out
+
+
+class _Memory:
+    """The overlay in a bytearray whose length (its capacity) is reserved from the budget.
+    Bytes past the staged size and past the bytearray's end are zeros."""
+
+    def __init__(self, budget: StagingBudget) -> None:
+        self.buf = bytearray()
+        self._budget = budget
+
+    def grow(self, end: int, limit: int) -> bool:
+        """Room for bytes up to ``end``, or False (the budget said no). Grows geometrically
+        up to ``limit``: bytearray's own growth (1/8) would copy a sequentially written chunk
+        many times over."""
+        have = len(self.buf)
+        if end <= have:
+            return True
+        want = min(max(end, 2 * have), max(limit, end))
+        if not self._budget.reserve(want - have):
+            want = end
+            if not self._budget.reserve(want - have):
+                return False
+        self.buf.extend(bytes(want - have))
+        return True
+
+    def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        self.buf[offset : offset + len(data)] = data  # grow() made room
+
+    def pread(self, offset: int, size: int) -> bytes:
+        data = bytes(memoryview(self.buf)[offset : offset + size])
+        return data + bytes(size - len(data))
+
+    def truncate(self, length: int) -> None:
+        if length < len(self.buf):
+            self._budget.release(len(self.buf) - length)
+            del self.buf[length:]
+
+    def close(self) -> None:
+        self.truncate(0)
+
+
+class _Spill:
+    """The overlay in an unlinked temp file, as long as the staged size; holes read as zeros."""
+
+    def __init__(self, tmp_dir: str | None) -> None:
+        fd, path = tempfile.mkstemp(dir=tmp_dir, prefix="n5fs-stage-")
+        os.unlink(path)
+        self.fd = fd
+
+    def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data)
+        while view:
+            done = os.pwrite(self.fd, view, offset)
+            view, offset = view[done:], offset + done
+
+    def fill(self, data: bytes | memoryview, offset: int) -> None:
+        """Copy into a range that is a hole: all-zero blocks are skipped (stay holes)."""
+        view = memoryview(data)
+        run: int | None = None  # start of the current run of blocks with data
+        for pos in range(0, len(view), ZERO_BLOCK):
+            block = view[pos : pos + ZERO_BLOCK]
+            if block.tobytes() == _ZEROS[: len(block)]:
+                if run is not None:
+                    self.pwrite(view[run:pos], offset + run)
+                run = None
+            elif run is None:
+                run = pos
+        if run is not None:
+            self.pwrite(view[run:], offset + run)
+
+    def pread(self, offset: int, size: int) -> bytes:
+        parts, got = [], 0
+        while got < size:
+            part = os.pread(self.fd, size - got, offset + got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts) + bytes(size - got)
+
+    def truncate(self, length: int) -> None:
+        os.ftruncate(self.fd, length)
+
+    def path(self) -> str:
+        """A name that opens this unlinked file (Linux: a fresh open file; macOS: a dup)."""
+        folder = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+        return f"{folder}/{self.fd}"
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class StagedFile:
-    """A growable byte buffer with POSIX write semantics (holes read as zeros)."""
+    """A file's staged content: POSIX write/read/truncate over an optional stored base."""
 
     def __init__(
-        self, initial: bytes = b"", *, spill_bytes: int = 64 << 20, tmp_dir: str | None = None
+        self,
+        base: BaseObject | None = None,
+        *,
+        budget: StagingBudget,
+        spill_bytes: int = 64 << 20,
+        tmp_dir: str | None = None,
+        max_size: int | None = None,
     ) -> None:
-        self._buf: bytearray | None = bytearray(initial)
-        self._file: BinaryIO | None = None
-        self._size = len(initial)
+        self._budget = budget
         self._spill = spill_bytes
         self._tmp_dir = tmp_dir
-        self.lock = threading.RLock()
-        if self._size > spill_bytes:
-            self._spill_now()
+        self._max = max_size
+        self._overlay: _Memory | _Spill = _Memory(budget)
+        self._base = base
+        self._base_len = base.size if base is not None else 0
+        self._covered = _Ranges()  # the parts of [0, _base_len) the overlay holds
+        self._size = self._base_len
 
     @property
     def size(self) -> int:
@@ -32,79 +239,112 @@ class StagedFile:
 
     @property
     def spilled(self) -> bool:
-        return self._file is not None
-
-    def _spill_now(self) -> None:
-        assert self._buf is not None
-        f = tempfile.TemporaryFile(dir=self._tmp_dir, prefix="n5fs-stage-")  # noqa: SIM115
-        f.write(memoryview(self._buf)[: self._size])
-        self._file = f
-        self._buf = None
+        return isinstance(self._overlay, _Spill)
 
     def write(self, data: bytes, offset: int) -> int:
-        with self.lock:
-            end = offset + len(data)
-            if self._buf is not None and end > self._spill:
-                self._spill_now()
-            if self._buf is not None:
-                if end > len(self._buf):
-                    # Grow geometrically: bytearray's own growth (1/8) would copy a
-                    # sequentially written chunk many times over.
-                    self._buf.extend(bytes(max(end, 2 * len(self._buf)) - len(self._buf)))
-                if offset > self._size:
-                    self._buf[self._size : offset] = bytes(offset - self._size)
-                self._buf[offset:end] = data
-            else:
-                assert self._file is not None
-                self._file.seek(offset)
-                self._file.write(data)
-            self._size = max(self._size, end)
-            return len(data)
+        if not data:
+            return 0
+        end = offset + len(data)
+        self._check_size(end)
+        self._make_room(max(self._size, end), end)
+        self._overlay.pwrite(data, offset)
+        if offset < self._base_len:
+            self._covered.add(offset, min(end, self._base_len))
+        self._size = max(self._size, end)
+        return len(data)
 
     def read(self, size: int, offset: int) -> bytes:
-        with self.lock:
-            if offset >= self._size:
-                return b""
-            size = min(size, self._size - offset)
-            if self._buf is not None:
-                return bytes(memoryview(self._buf)[offset : offset + size])
-            assert self._file is not None
-            self._file.seek(offset)
-            return self._file.read(size)
+        end = min(offset + size, self._size)
+        if offset >= end:
+            return b""
+        data = self._overlay.pread(offset, end - offset)
+        gaps = self._base_gaps(offset, end)
+        if not gaps:
+            return data
+        out = bytearray(data)
+        for start, stop in gaps:
+            piece = self._fetch(start, stop)
+            out[start - offset : start - offset + len(piece)] = piece
+        return bytes(out)
 
     def truncate(self, length: int) -> None:
-        with self.lock:
-            if self._buf is not None and length > self._spill:
-                self._spill_now()
-            if self._buf is not None:
-                if length > len(self._buf):
-                    self._buf.extend(bytes(length - len(self._buf)))
-                if length > self._size:  # bytes past the old end read as zeros
-                    self._buf[self._size : length] = bytes(length - self._size)
-                del self._buf[length:]
-            if self._file is not None:
-                self._file.truncate(length)
-            self._size = length
+        if length < 0:
+            raise ValueError(f"negative length {length}")
+        self._check_size(length)
+        self._make_room(length, 0)
+        if length < self._base_len:
+            self._base_len = length
+            self._covered.clip(length)
+            if not length:
+                self._base = None  # nothing of it is visible any more: never fetch again
+        self._overlay.truncate(length)
+        self._size = length
 
     def getvalue(self) -> bytes:
-        with self.lock:
-            if self._buf is not None:
-                return bytes(memoryview(self._buf)[: self._size])
-            assert self._file is not None
-            self._file.seek(0)
-            return self._file.read()
+        """The whole content (base ranges fetched into the overlay first)."""
+        self._materialize()
+        return self._overlay.pread(0, self._size)
 
     def spill_path(self) -> str | None:
-        """A path to the spilled bytes (for streaming uploads), or None while in memory."""
-        if self._file is None:
-            return None
-        self._file.flush()
-        return f"/proc/self/fd/{self._file.fileno()}" if os.path.exists("/proc/self/fd") else None
+        """A path holding the complete content, for ``store.put_file``; None while the content
+        is in memory (then use :meth:`getvalue`)."""
+        self._materialize()
+        return self._overlay.path() if isinstance(self._overlay, _Spill) else None
 
     def close(self) -> None:
-        with self.lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-            self._buf = bytearray()
-            self._size = 0
+        """Give back the memory and the temp file; idempotent. Leaves an empty file."""
+        overlay, self._overlay = self._overlay, _Memory(self._budget)
+        overlay.close()
+        self._base, self._base_len, self._size = None, 0, 0
+        self._covered = _Ranges()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _check_size(self, new_size: int) -> None:
+        """Growing past ``max_size`` is refused (EFBIG) before anything changes."""
+        if self._max is not None and new_size > max(self._size, self._max):
+            raise FileTooLarge(
+                f"a file may grow to {self._max} bytes (max_file_size), not to {new_size}"
+            )
+
+    def _make_room(self, new_size: int, end: int) -> None:
+        """Keep the overlay in memory only while the file fits ``spill_bytes`` and the budget
+        grants the bytearray room up to ``end``; else move it to a temp file."""
+        memory = self._overlay
+        if isinstance(memory, _Memory) and (
+            new_size > self._spill or not memory.grow(end, self._spill)
+        ):
+            self._spill_now(memory)
+
+    def _spill_now(self, memory: _Memory) -> None:
+        spill = _Spill(self._tmp_dir)
+        try:
+            spill.fill(memoryview(memory.buf)[: self._size], 0)
+            spill.truncate(self._size)
+        except BaseException:
+            spill.close()
+            raise
+        memory.close()  # the reservation goes back to the budget
+        self._overlay = spill
+
+    def _base_gaps(self, start: int, end: int) -> list[tuple[int, int]]:
+        if self._base is None or start >= self._base_len:
+            return []
+        return self._covered.gaps(start, min(end, self._base_len))
+
+    def _fetch(self, start: int, stop: int) -> bytes:
+        assert self._base is not None
+        return self._base.fetch(start, stop - start)[: stop - start]
+
+    def _materialize(self) -> None:
+        """Copy the untouched base ranges into the overlay, then forget the base."""
+        if self._base is None:
+            return
+        self._make_room(self._size, self._base_len)
+        overlay = self._overlay
+        write = overlay.fill if isinstance(overlay, _Spill) else overlay.pwrite
+        for start, stop in self._base_gaps(0, self._base_len):
+            for piece in range(start, stop, FETCH_PIECE):
+                write(self._fetch(piece, min(piece + FETCH_PIECE, stop)), piece)
+        self._base, self._base_len = None, 0
+        self._covered = _Ranges()

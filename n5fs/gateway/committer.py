@@ -1,0 +1,226 @@
+"""The committer: classify + validate + store, in commit order, and everything a commit
+changes afterwards (listings, cached bytes, detection, consolidated metadata, the kernel's
+view through subscribers).
+
+State and locks (the committer owns them):
+- the commit order (:class:`~n5fs.gateway.ordering.ArrayOrder`): every store write of a
+  commit, a delete or a rename runs inside a ``hold`` of the folders it depends on, so chunk
+  commits of one array run in parallel and a metadata commit excludes them;
+- consolidated-metadata upkeep (:class:`~n5fs.gateway.consolidated.ConsolidatedKeeper`) runs
+  inside that hold and under the keeper's own lock: one read-modify-write at a time;
+- rejections (a bounded deque) and subscribers under ``_lock``; counters under their own lock.
+All of these are leaf locks except the order: nothing waits for a node lock while holding them.
+Callers hold the node lock of what they commit (see :mod:`n5fs.gateway.handles`).
+
+The order of effects in a commit is the point: store first, then the caches are patched and
+invalidated (still inside the hold), so a cache load that began before the store write is
+grounded by the invalidation (:mod:`n5fs.caching`) and a chunk commit that waits for a
+metadata commit sees the new metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from functools import cache
+from typing import TYPE_CHECKING
+
+from n5fs.errors import Rejected
+from n5fs.formats.registry import METADATA_NAMES
+from n5fs.gateway.cache import Counters
+from n5fs.gateway.commit import CommitRules, Mode, Rejection
+from n5fs.gateway.consolidated import ConsolidatedKeeper
+from n5fs.gateway.ordering import ArrayOrder
+from n5fs.kvstore.keys import basename
+
+if TYPE_CHECKING:
+    import contextlib
+    from collections.abc import Callable, Iterable, Sequence
+
+    from n5fs.detect import Detector
+    from n5fs.gateway.handles import Node
+    from n5fs.gateway.reader import ObjectReader
+    from n5fs.gateway.view import NamespaceView
+    from n5fs.kvstore.base import KvStore
+
+log = logging.getLogger(__name__)
+
+#: content n5fs reads into memory to validate (a chunk or a metadata file) is at most this
+MAX_VALIDATED_BYTES = 1 << 30
+
+
+def is_metadata(key: str) -> bool:
+    return basename(key) in METADATA_NAMES
+
+
+class Committer:
+    def __init__(
+        self,
+        store: KvStore,
+        detector: Detector,
+        view: NamespaceView,
+        reader: ObjectReader,
+        *,
+        mode: Mode,
+        max_rejections: int,
+    ) -> None:
+        self.store = store
+        self.detector = detector
+        self.view = view
+        self.reader = reader
+        self.mode = mode
+        self.rules = CommitRules(store, detector)
+        self.order = ArrayOrder()
+        self.keeper = ConsolidatedKeeper(store, view.exists, self._written_by_keeper)
+        self.counters = Counters("commits", "rejections", "bytes_in")
+        self._rejections: deque[Rejection] = deque(maxlen=max_rejections)
+        self._subscribers: list[Callable[[Sequence[str]], None]] = []
+        self._lock = threading.Lock()
+
+    # -- order ---------------------------------------------------------------------------------
+
+    def hold(self, *keys: str) -> contextlib.AbstractContextManager[None]:
+        """The commit-order hold for changing ``keys`` (metadata names exclusively)."""
+        return self.order.for_keys(
+            [k for k in keys if not is_metadata(k)], metadata=[k for k in keys if is_metadata(k)]
+        )
+
+    # -- subscribers (the kernel's view) ---------------------------------------------------------
+
+    def subscribe(self, callback: Callable[[Sequence[str]], None]) -> None:
+        with self._lock:
+            self._subscribers.append(callback)
+
+    def changed(self, keys: Iterable[str]) -> None:
+        """Tell subscribers which paths' cached entries are stale now (they must not block)."""
+        paths = ["/" + key for key in keys]
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            _notify(callback, paths)
+
+    # -- rejections ------------------------------------------------------------------------------
+
+    def rejections(self) -> list[Rejection]:
+        with self._lock:
+            return list(self._rejections)
+
+    def _reject(self, key: str, exc: Rejected, *, stored: bool) -> None:
+        self.counters.add("rejections")
+        with self._lock:
+            self._rejections.append(Rejection.of(key, exc, stored=stored))
+        log.warning("%s /%s: %s", "stored despite" if stored else "refused", key, exc)
+
+    # -- validation ------------------------------------------------------------------------------
+
+    def validate(self, key: str, load: Callable[[], bytes], size: int | None = None) -> None:
+        """Run the commit rules per mode; strict raises Rejected (EINVAL at the caller).
+        The caller holds the commit order for ``key``."""
+        if self.mode is Mode.OFF:
+            return
+        try:
+            self.rules.check(key, _bounded(key, load, size))
+        except Rejected as exc:
+            self._reject(key, exc, stored=self.mode is Mode.WARN)
+            if self.mode is Mode.STRICT:
+                self.changed([key])  # the kernel may hold an entry for the refused name
+                raise
+
+    # -- commits ---------------------------------------------------------------------------------
+
+    def commit_node(self, node: Node) -> None:
+        """Validate and store the node's staged bytes (caller holds ``node.lock``). On refusal
+        the store keeps its value and the staged bytes are dropped (the next read sees the
+        stored value)."""
+        staged = node.staged
+        assert staged is not None
+        key = node.key
+        load = cache(staged.getvalue)  # one copy, shared by validation and the store
+        with self.hold(key):
+            try:
+                self.validate(key, load, staged.size)
+            except Rejected:
+                node.dirty = False
+                staged.close()
+                node.staged = None
+                raise
+            spilled = staged.spill_path()
+            if spilled is not None:
+                self.store.put_file(key, spilled)
+                self.after_set(key, staged.size, None)
+            else:
+                data = load()
+                self.store.set(key, data)
+                self.after_set(key, len(data), data)
+        node.dirty = False
+        node.stored = True
+
+    def commit_bytes(self, key: str, data: bytes) -> None:
+        """Validate and store ``data`` at ``key`` (links, symlinks)."""
+        with self.hold(key):
+            self.store_bytes(key, data)
+
+    def store_bytes(self, key: str, data: bytes) -> None:
+        """``commit_bytes`` for a caller that already holds the order for ``key``."""
+        self.validate(key, lambda: data, len(data))
+        self.store.set(key, data)
+        self.after_set(key, len(data), data)
+
+    def after_set(self, key: str, size: int, data: bytes | None) -> None:
+        """``key`` was stored (``data`` when in memory): patch what is cached, keep
+        consolidated metadata true, tell subscribers. Inside the hold of ``key``."""
+        self.counters.add("commits")
+        self.counters.add("bytes_in", size)
+        changed = [key, *self._note_written(key, size, data)]
+        if self.mode is not Mode.OFF and is_metadata(key):
+            if data is None:
+                data = self.store.get(key)
+            changed += self.keeper.after_change(key, data)
+        self.changed(changed)
+
+    def _note_written(self, key: str, size: int, data: bytes | None) -> list[str]:
+        info = self.view.note_set(key, size)
+        if data is not None:
+            self.reader.cache.put(key, (info.size, info.mtime), data)
+        else:
+            self.reader.cache.invalidate(key)
+        self.detector.invalidate(key)
+        return []
+
+    def _written_by_keeper(self, key: str, data: bytes) -> None:
+        self._note_written(key, len(data), data)
+
+    def after_delete(self, key: str) -> None:
+        """``key`` was removed from the store (inside the hold of ``key``)."""
+        self.view.note_delete(key)
+        self.reader.cache.invalidate(key)
+        self.detector.invalidate(key)
+        changed = [key]
+        if self.mode is not Mode.OFF and is_metadata(key):
+            changed += self.keeper.after_change(key, None)
+        self.changed(changed)
+
+
+def _bounded(key: str, load: Callable[[], bytes], size: int | None) -> Callable[[], bytes]:
+    """``load``, refusing content too large to validate in memory (before reading it)."""
+    if size is None or size <= MAX_VALIDATED_BYTES:
+        return load
+
+    def refuse() -> bytes:
+        raise Rejected(
+            f"{size} bytes is more than the {MAX_VALIDATED_BYTES} bytes n5fs validates in "
+            "memory for a chunk or metadata file",
+            path=key,
+            fmt="",
+            rule="too-large-to-validate",
+        )
+
+    return refuse
+
+
+def _notify(callback: Callable[[Sequence[str]], None], paths: Sequence[str]) -> None:
+    try:
+        callback(paths)
+    except Exception:
+        log.exception("a change subscriber failed")

@@ -1,0 +1,226 @@
+"""Open files: one node per key that is open (the staged bytes all its handles share), and the
+handle numbers the kernel holds.
+
+State and locks:
+- ``OpenFiles._lock`` guards the two tables (key -> node, fh -> handle) and every node's
+  ``refs`` and ``key``; it is a leaf lock, held for table work only.
+- ``Node.lock`` guards the node's staged buffer and flags (``dirty``, ``stored``,
+  ``written``, ``unlinked``). Everything that reads or changes a node's content (read, write,
+  truncate, commit, rename of the key) holds it. It is taken *before* any commit-order lock
+  (:mod:`n5fs.gateway.ordering`) and never while ``OpenFiles._lock`` is held.
+- A handle's read-ahead window is one immutable value replaced by assignment.
+
+Writes never load what they will not use: a node's staging buffer starts from the stored
+object lazily (:class:`StoredObject` fetches ranges on demand), and ``O_TRUNC`` or a new file
+starts empty; all buffers draw on one :class:`~n5fs.gateway.staging.StagingBudget`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from n5fs.errors import KeyNotFound
+from n5fs.gateway.namespace import Attr, EntryKind
+from n5fs.gateway.reader import ReadWindow
+from n5fs.gateway.staging import StagedFile, StagingBudget
+from n5fs.kvstore.base import ByteRange
+from n5fs.kvstore.keys import parent
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from n5fs.kvstore.base import KvStore
+
+
+@dataclass(eq=False)
+class StoredObject:
+    """The stored value a staged file starts from, fetched by range only when needed."""
+
+    store: KvStore
+    key: str
+    size: int
+
+    def fetch(self, offset: int, length: int) -> bytes:
+        data = self.store.get(self.key, ByteRange(offset, length))
+        return data if data is not None else b""
+
+
+@dataclass(eq=False)
+class Node:
+    """An open file: the staging buffer all handles of one key share."""
+
+    key: str
+    staged: StagedFile | None = None
+    dirty: bool = False
+    stored: bool = True  # False while created but not yet committed
+    written: bool = False  # any write or truncate since open/create
+    refs: int = 0
+    unlinked: bool = False
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @property
+    def pending(self) -> bool:
+        """Does the node hold content the store does not (yet) have?"""
+        return self.staged is not None and (self.dirty or not self.stored) and not self.unlinked
+
+    def pending_attr(self, writable: bool) -> Attr | None:
+        staged = self.staged
+        if staged is None or not (self.dirty or not self.stored) or self.unlinked:
+            return None
+        return Attr(EntryKind.FILE, staged.size, time.time(), writable)
+
+
+@dataclass(eq=False)
+class Handle:
+    node: Node | None
+    flags: int
+    control: bytes | None = None
+    window: ReadWindow = field(default_factory=ReadWindow)
+
+
+@dataclass(frozen=True)
+class StagingConfig:
+    spill_bytes: int
+    tmp_dir: str | None
+    max_size: int | None
+
+
+class OpenFiles:
+    def __init__(self, store: KvStore, budget: StagingBudget, config: StagingConfig) -> None:
+        self.store = store
+        self.budget = budget
+        self.config = config
+        self._nodes: dict[str, Node] = {}
+        self._handles: dict[int, Handle] = {}
+        self._fh = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # -- handles -------------------------------------------------------------------------------
+
+    def add_handle(self, handle: Handle) -> int:
+        with self._lock:
+            fh = next(self._fh)
+            self._handles[fh] = handle
+            return fh
+
+    def handle(self, fh: int) -> Handle:
+        with self._lock:
+            handle = self._handles.get(fh)
+        if handle is None:
+            raise KeyNotFound(f"stale file handle {fh}")
+        return handle
+
+    def pop_handle(self, fh: int) -> Handle | None:
+        with self._lock:
+            return self._handles.pop(fh, None)
+
+    def handle_count(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    # -- nodes ---------------------------------------------------------------------------------
+
+    def node(self, key: str) -> Node | None:
+        with self._lock:
+            return self._nodes.get(key)
+
+    def acquire(self, key: str) -> Node:
+        """The node of ``key`` with one more reference; a new node assumes the key is stored
+        (``create`` says otherwise under the node's lock). Holding a reference pins the key:
+        every open, commit, rename and unlink of it shares this node and its lock."""
+        with self._lock:
+            node = self._nodes.get(key)
+            if node is None:
+                node = self._nodes[key] = Node(key)
+            node.refs += 1
+            return node
+
+    @contextlib.contextmanager
+    def pinned(self, *keys: str) -> Iterator[list[Node]]:
+        """The nodes of ``keys``, referenced and locked in key order (no lock-order cycle
+        between two operations on the same pair of names), released afterwards."""
+        nodes = {key: self.acquire(key) for key in sorted(set(keys))}
+        try:
+            with contextlib.ExitStack() as stack:
+                for key in sorted(nodes):
+                    stack.enter_context(nodes[key].lock)
+                yield [nodes[key] for key in keys]
+        finally:
+            for node in nodes.values():
+                self.release(node)
+
+    def release(self, node: Node) -> None:
+        """Drop one reference; the last one frees the staged bytes."""
+        with self._lock:
+            node.refs -= 1
+            last = node.refs <= 0
+            if last and self._nodes.get(node.key) is node:
+                del self._nodes[node.key]
+        if last:
+            with node.lock:
+                if node.staged is not None:
+                    node.staged.close()
+                    node.staged = None
+
+    def detach(self, key: str) -> Node | None:
+        """The name is gone (unlink, or replaced by a rename): its open node, if any, lives
+        on without a name, as an unlinked file does, and never commits."""
+        with self._lock:
+            node = self._nodes.pop(key, None)
+        if node is not None:
+            with node.lock:
+                node.unlinked = True
+                node.dirty = False
+        return node
+
+    def move(self, node: Node, dst: str) -> None:
+        """Open handles follow a renamed file to its new name (caller holds ``node.lock``)."""
+        with self._lock:
+            if self._nodes.get(node.key) is node:
+                del self._nodes[node.key]
+            node.key = dst
+            self._nodes.setdefault(dst, node)
+
+    def pending_children(self, folder: str, writable: bool) -> list[tuple[str, Attr]]:
+        """Files created under ``folder`` (a key, ``""`` for the root) not yet committed."""
+        with self._lock:
+            nodes = [n for k, n in self._nodes.items() if parent(k) == folder and not n.stored]
+        out = []
+        for node in nodes:
+            attr = node.pending_attr(writable)
+            if attr is not None:
+                out.append((node.key.rsplit("/", 1)[-1], attr))
+        return out
+
+    def all_nodes(self) -> list[Node]:
+        with self._lock:
+            return list(self._nodes.values())
+
+    # -- staging -------------------------------------------------------------------------------
+
+    def staged(self, node: Node, size: int | None) -> StagedFile:
+        """The node's staging buffer (caller holds ``node.lock``): empty for a new file, else
+        copy-on-write over the stored object of ``size`` bytes, fetched lazily."""
+        if node.staged is None:
+            base = StoredObject(self.store, node.key, size) if node.stored and size else None
+            node.staged = StagedFile(
+                base,
+                budget=self.budget,
+                spill_bytes=self.config.spill_bytes,
+                tmp_dir=self.config.tmp_dir,
+                max_size=self.config.max_size,
+            )
+        return node.staged
+
+    def empty(self, node: Node) -> StagedFile:
+        """A fresh, empty staging buffer for the node (``O_TRUNC``; caller holds the lock):
+        nothing of the stored object is ever fetched."""
+        if node.staged is not None:
+            node.staged.close()
+            node.staged = None
+        return self.staged(node, 0)

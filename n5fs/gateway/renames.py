@@ -1,0 +1,176 @@
+"""Renames, hard links and symlinks: the commits that move or copy content to a new name.
+
+A rename (or hard link, which zarr-python 3 uses for exclusive writes) into a chunk or
+metadata name validates the content at its new name, like any commit.
+
+Locks, in the order taken: the nodes of both names (:meth:`OpenFiles.pinned`, in key order:
+the bytes validated are the bytes stored, no other handle can commit either name meanwhile,
+and two links to one new name cannot both succeed), then the commit order of both names
+(:mod:`n5fs.gateway.ordering`), then leaf locks. A directory rename holds both directories
+exclusively: no commit runs below either while keys move.
+
+Known limit: files open *below* a directory while it is renamed keep their old names and
+commit there at their next flush (the store has no inodes to follow).
+"""
+
+from __future__ import annotations
+
+from functools import cache, partial
+from typing import TYPE_CHECKING
+
+from n5fs.errors import InvalidKey, IsAPrefix, KeyExists, KeyNotFound, NotAPrefix, PrefixNotEmpty
+from n5fs.gateway.committer import is_metadata
+from n5fs.gateway.links import add_link, remove_link
+from n5fs.gateway.namespace import Attr, EntryKind
+from n5fs.gateway.ordering import folders_above
+from n5fs.kvstore.keys import basename, dir_prefix, parent
+
+if TYPE_CHECKING:
+    from n5fs.detect import Detector
+    from n5fs.gateway.committer import Committer
+    from n5fs.gateway.handles import Node, OpenFiles
+    from n5fs.gateway.reader import ObjectReader
+    from n5fs.gateway.view import NamespaceView
+    from n5fs.kvstore.base import KvStore
+
+
+class Renamer:
+    def __init__(
+        self,
+        store: KvStore,
+        view: NamespaceView,
+        files: OpenFiles,
+        committer: Committer,
+        reader: ObjectReader,
+        detector: Detector,
+    ) -> None:
+        self.store = store
+        self.view = view
+        self.files = files
+        self.committer = committer
+        self.reader = reader
+        self.detector = detector
+
+    def content(self, node: Node) -> bytes:
+        """What the file holds now: staged bytes, else the stored object (caller holds the
+        node's lock)."""
+        if node.pending and node.staged is not None:
+            return node.staged.getvalue()
+        info = self.view.info(node.key)
+        data = self.reader.whole(node.key, (info.size, info.mtime) if info else None)
+        if data is None:
+            raise KeyNotFound(f"/{node.key}")
+        return data
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def rename_file(self, src: str, dst: str, dst_attr: Attr | None) -> None:
+        if src == dst:
+            return
+        if dst_attr is not None and dst_attr.kind is EntryKind.DIR:
+            raise IsAPrefix(f"is a directory: /{dst}")
+        with self.files.pinned(src, dst) as (node, _replaced):
+            if node.unlinked or (not node.stored and not node.pending):
+                raise KeyNotFound(f"no such file: /{src}")
+            pending = node.pending
+            with self.committer.hold(src, dst):
+                data = node.staged.getvalue() if pending and node.staged is not None else None
+                # the bytes validated are the bytes stored: one snapshot, under the node lock
+                load = cache(partial(self.content, node)) if data is None else partial(bytes, data)
+                self.committer.validate(dst, load)
+                if data is not None:
+                    self.store.set(dst, data)
+                    if node.stored:
+                        self.store.delete(src)
+                    size = len(data)
+                else:
+                    cached = self.reader.cache.get(src)
+                    self.store.rename(src, dst)
+                    data = cached
+                    size = len(cached) if cached is not None else self._size_of(dst)
+                self.files.detach(dst)  # an open file of the old dst lives on unnamed
+                self.files.move(node, dst)
+                node.dirty, node.stored = False, True
+                self.committer.after_delete(src)
+                self.committer.after_set(dst, size, data)
+
+    def _size_of(self, key: str) -> int:
+        info = self.store.stat(key)
+        return info.size if info is not None else 0
+
+    def link(self, src: str, dst: str) -> None:
+        """A hard link is a validated copy: zarr-python links its temp file to the final name
+        for an exclusive create, then unlinks the temp."""
+        with self.files.pinned(src, dst) as (node, target):
+            if target.pending or self.view.lookup(dst) is not None:
+                raise KeyExists(f"file exists: /{dst}")
+            data = self.content(node)
+            self.committer.commit_bytes(dst, data)
+
+    # -- directories ---------------------------------------------------------------------------
+
+    def rename_dir(self, src: str, dst: str, dst_attr: Attr | None) -> None:
+        if dst == src or dst.startswith(src + "/"):
+            raise InvalidKey(dst, "cannot move a directory into itself")
+        shared = {*folders_above(src), *folders_above(dst)}
+        exclusive = {src + "/", dst + "/"}
+        with self.committer.order.hold(shared=shared - exclusive, exclusive=exclusive):
+            if dst_attr is not None:
+                if dst_attr.kind is not EntryKind.DIR:
+                    raise NotAPrefix(f"not a directory: /{dst}")
+                if self.view.readdir(dst):
+                    raise PrefixNotEmpty(f"directory not empty: /{dst}")
+            moves = [
+                (info.key, dst + info.key[len(src) :])
+                for info in self.store.list(src + "/", delimiter=None).keys
+            ]
+            self._validate_moves(dst, moves)
+            if dst_attr is not None and self.store.empty_prefixes:
+                self.store.remove_prefix(dst)  # an empty folder is replaced, as rename(2) does
+            self.store.rename_prefix(src + "/", dst + "/")
+            self.view.note_moved_dir(src, dst, empty=not moves)
+            self.reader.cache.invalidate_prefix(src + "/")
+            self.detector.clear()
+            self._after_moves(moves)
+        self.committer.changed([src, dst])
+
+    def _validate_moves(self, dst: str, moves: list[tuple[str, str]]) -> None:
+        destination = self.detector.folder(dir_prefix(parent(dst)))
+        if destination.array is None and destination.array_prefix is None:
+            return
+        for old_key, new_key in moves:  # moving into an array: every file is a chunk there
+            self.committer.validate(new_key, partial(self._stored, old_key))
+
+    def _stored(self, key: str) -> bytes:
+        data = self.store.get(key)
+        if data is None:
+            raise KeyNotFound(f"/{key}")
+        return data
+
+    def _after_moves(self, moves: list[tuple[str, str]]) -> None:
+        if self.committer.mode.value == "off":
+            return
+        keeper = self.committer.keeper
+        for old_key, new_key in moves:
+            if is_metadata(old_key):
+                keeper.after_change(old_key, None)
+                keeper.after_change(new_key, self.store.get(new_key))
+
+    # -- hdmf-zarr links -----------------------------------------------------------------------
+
+    def symlink(self, target: str, key: str) -> None:
+        """Inside an hdmf-zarr group, a symlink becomes a ``zarr_link`` entry of its .zattrs."""
+        prefix = dir_prefix(parent(key))
+        with self.committer.hold(prefix + ".zattrs"):
+            attrs_key, data = add_link(self.detector.folder(prefix), basename(key), target)
+            if self.view.lookup(key) is not None:
+                raise KeyExists(f"file exists: /{key}")
+            self.committer.store_bytes(attrs_key, data)
+        self.committer.changed([key])
+
+    def remove_link(self, key: str) -> None:
+        prefix = dir_prefix(parent(key))
+        with self.committer.hold(prefix + ".zattrs"):
+            attrs_key, data = remove_link(self.detector.folder(prefix), basename(key))
+            self.committer.store_bytes(attrs_key, data)
+        self.committer.changed([key])

@@ -1,0 +1,215 @@
+"""The namespace a mount shows: folder listings, directories that live only in the gateway,
+hdmf-zarr links as symlinks, files still being written, and the hidden ``/.n5fs/`` control
+folder.
+
+State and locks:
+- listings: a :class:`~n5fs.caching.LoadingCache` of immutable :class:`DirEntries` (one LIST per
+  folder however many threads miss it; a LIST that began before one of our commits is never
+  stored; our commits replace the cached value with a patched copy, so a committed name is
+  visible to ``stat`` and ``readdir`` the moment the commit returns);
+- virtual directories (``mkdir`` on a store without empty prefixes): a set under ``_vlock``,
+  a leaf lock;
+- uncommitted new files come from :class:`~n5fs.gateway.handles.OpenFiles` (its own locks).
+Nothing here writes to the store except ``make_prefix``/``remove_prefix`` for directories.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from functools import partial
+from typing import TYPE_CHECKING
+
+from n5fs.errors import DetectionFailed, KeyNotFound, NotAPrefix, Rejected
+from n5fs.gateway.cache import LoadingCache
+from n5fs.gateway.links import links_of
+from n5fs.gateway.namespace import (
+    CONTROL,
+    CONTROL_FILES,
+    Attr,
+    DirEntries,
+    EntryKind,
+    is_control,
+)
+from n5fs.kvstore.base import KeyInfo
+from n5fs.kvstore.keys import basename, dir_prefix, parent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from n5fs.detect import Detector
+    from n5fs.gateway.handles import OpenFiles
+    from n5fs.kvstore.base import KvStore
+
+
+class NamespaceView:
+    def __init__(
+        self,
+        store: KvStore,
+        detector: Detector,
+        files: OpenFiles,
+        *,
+        ttl: float,
+        clock: Callable[[], float],
+        writable: bool,
+        control: Callable[[str], bytes],
+    ) -> None:
+        self.store = store
+        self.detector = detector
+        self.files = files
+        self.writable = writable
+        self._control = control
+        self.listings: LoadingCache[DirEntries] = LoadingCache(ttl, clock=clock)
+        self._vdirs: set[str] = set()
+        self._vlock = threading.Lock()
+
+    # -- listings ------------------------------------------------------------------------------
+
+    def entries(self, prefix: str) -> DirEntries:
+        return self.listings.load(
+            prefix, lambda: DirEntries.from_listing(prefix, self.store.list(prefix))
+        )
+
+    def info(self, key: str) -> KeyInfo | None:
+        """The stored object's size and mtime, as the folder's listing says."""
+        return self.entries(dir_prefix(parent(key))).files.get(basename(key))
+
+    def exists(self, key: str) -> bool:
+        return self.info(key) is not None
+
+    def is_vdir(self, key: str) -> bool:
+        with self._vlock:
+            return key in self._vdirs
+
+    # -- questions -----------------------------------------------------------------------------
+
+    def stat(self, key: str) -> Attr:
+        """What ``key`` (``""`` is the root) is: the answer ``getattr`` gives."""
+        if not key:
+            return Attr(EntryKind.DIR, mtime=0.0, writable=self.writable)
+        if is_control(key):
+            return self.control_attr(key)
+        node = self.files.node(key)
+        if node is not None:
+            attr = node.pending_attr(self.writable)
+            if attr is not None:
+                return attr
+        if self.is_vdir(key):
+            return Attr(EntryKind.DIR, writable=self.writable)
+        folder, name = dir_prefix(parent(key)), basename(key)
+        entries = self.entries(folder)
+        if name in entries.dirs:
+            return Attr(EntryKind.DIR, writable=self.writable)
+        info = entries.files.get(name)
+        if info is not None:
+            return Attr(EntryKind.FILE, info.size, info.mtime, self.writable)
+        target = self.links(folder).get(name)
+        if target is not None:
+            return Attr(EntryKind.SYMLINK, len(target), writable=self.writable)
+        raise KeyNotFound(f"no such file or directory: /{key}")
+
+    def lookup(self, key: str) -> Attr | None:
+        try:
+            return self.stat(key)
+        except KeyNotFound:
+            return None
+
+    def readdir(self, key: str) -> list[tuple[str, Attr]]:
+        if is_control(key):
+            if key != CONTROL:
+                raise NotAPrefix(f"/{key}")
+            return [(name, self.control_attr(f"{CONTROL}/{name}")) for name in CONTROL_FILES]
+        if self.stat(key).kind is not EntryKind.DIR:
+            raise NotAPrefix(f"not a directory: /{key}")
+        prefix = dir_prefix(key)
+        entries = self.entries(prefix)  # immutable: safe to iterate while others commit
+        writable = self.writable
+        out: dict[str, Attr] = {
+            name: Attr(EntryKind.FILE, info.size, info.mtime, writable)
+            for name, info in entries.files.items()
+        }
+        for name, target in self.links(prefix).items():
+            out.setdefault(name, Attr(EntryKind.SYMLINK, len(target), writable=writable))
+        out.update(self.files.pending_children(key, writable))
+        with self._vlock:
+            vdirs = [basename(v) for v in self._vdirs if parent(v) == key]
+        for name in itertools.chain(entries.dirs, vdirs):
+            out[name] = Attr(EntryKind.DIR, writable=writable)
+        if not key:
+            out[CONTROL] = Attr(EntryKind.DIR, writable=False)
+        return sorted(out.items())
+
+    def links(self, prefix: str) -> dict[str, str]:
+        """hdmf-zarr links of the group at ``prefix``: name -> symlink text."""
+        try:
+            return links_of(self.detector.folder(prefix))
+        except (DetectionFailed, Rejected):
+            return {}  # a broken folder has no links to show
+
+    def readlink(self, key: str) -> str:
+        target = self.links(dir_prefix(parent(key))).get(basename(key))
+        if target is None:
+            raise KeyNotFound(f"not a symlink: /{key}")
+        return target
+
+    def control_attr(self, key: str) -> Attr:
+        if key == CONTROL:
+            return Attr(EntryKind.DIR, writable=False)
+        return Attr(EntryKind.FILE, len(self._control(key)), time.time(), writable=False)
+
+    # -- our own changes -----------------------------------------------------------------------
+
+    def note_set(self, key: str, size: int) -> KeyInfo:
+        """``key`` now holds ``size`` bytes: patch the listings of its folder and of every
+        folder above (each holds a directory now). Returns the info the listing shows."""
+        info = KeyInfo(key, size, time.time())
+        name = basename(key)
+        self.listings.replace(dir_prefix(parent(key)), lambda e: e.with_file(name, info))
+        child = parent(key)
+        while child:
+            self.listings.replace(
+                dir_prefix(parent(child)), partial(DirEntries.with_dir, name=basename(child))
+            )
+            with self._vlock:
+                self._vdirs.discard(child)
+            child = parent(child)
+        return info
+
+    def note_delete(self, key: str) -> None:
+        name = basename(key)
+        folder = parent(key)
+        self.listings.replace(dir_prefix(folder), lambda e: e.without_file(name))
+        if folder and not self.store.empty_prefixes:
+            with self._vlock:  # keep the directory visible: `rm d/f; rmdir d` must work
+                self._vdirs.add(folder)
+
+    def note_mkdir(self, key: str) -> None:
+        if self.store.make_prefix(key):
+            name = basename(key)
+            self.listings.replace(dir_prefix(parent(key)), lambda e: e.with_dir(name))
+        else:
+            with self._vlock:
+                self._vdirs.add(key)
+
+    def note_rmdir(self, key: str) -> None:
+        with self._vlock:
+            self._vdirs.discard(key)
+        self.store.remove_prefix(key)
+        name = basename(key)
+        self.listings.replace(dir_prefix(parent(key)), lambda e: e.without_dir(name))
+        self.listings.invalidate(dir_prefix(key))
+
+    def note_moved_dir(self, src: str, dst: str, *, empty: bool) -> None:
+        """A directory moved: virtual directories move with it; listings are re-read."""
+        with self._vlock:
+            self._vdirs = {
+                dst + v[len(src) :] if v == src or v.startswith(src + "/") else v
+                for v in self._vdirs
+            }
+            if empty and not self.store.empty_prefixes:
+                self._vdirs.add(dst)
+        self.listings.clear()
+
+    def clear(self) -> None:
+        self.listings.clear()

@@ -1,0 +1,412 @@
+"""Races of the gateway made deterministic: a store hook pauses one thread at the exact point
+between a load and its use (or between a validation and its store write) while another
+thread does the conflicting thing. Each reproduces a race of issue 9 that the gateway had
+before its concurrency model (docs/semantics.md, "Consistency and concurrency"); none relies
+on luck.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+
+from n5fs.caching import LoadingCache
+from n5fs.errors import KeyNotFound, Rejected
+from n5fs.gateway import Gateway, GatewayConfig
+from n5fs.gateway.namespace import DirEntries
+from n5fs.gateway.ordering import ArrayOrder
+from n5fs.kvstore.base import ByteRange, KvStore, Listing
+from n5fs.kvstore.memory import MemoryStore
+from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.validate import Validator
+
+WAIT = 30.0  # generous: a deadlock fails the test instead of hanging it
+
+ZARRAY = {"zarr_format": 2, "shape": [16], "chunks": [4], "dtype": "|u1", "compressor": None,
+          "fill_value": 0, "order": "C", "filters": None}
+
+
+class Gate:
+    """Pauses the first call that matches until released; tells when it got there."""
+
+    def __init__(self, op: str, match: Callable[[str], bool], *, after: bool = True) -> None:
+        self.op, self.match, self.after = op, match, after
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+        self.armed = True
+
+    def wait_reached(self) -> None:
+        assert self.reached.wait(WAIT), f"the {self.op} hook was never reached"
+
+    def release(self) -> None:
+        self.opened.set()
+
+
+class HookedStore(ForwardingStore):
+    """Runs gates around store calls: ``after=True`` pauses once the inner call returned
+    (the value is loaded but not yet used), else before the inner call."""
+
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self.gates: list[Gate] = []
+        self.calls: list[tuple[str, str, ByteRange | None]] = []
+        self._lock = threading.Lock()
+
+    def gate(self, op: str, match: Callable[[str], bool], *, after: bool = True) -> Gate:
+        gate = Gate(op, match, after=after)
+        self.gates.append(gate)
+        return gate
+
+    def _pass(self, op: str, key: str, after: bool) -> None:
+        with self._lock:
+            gate = next((g for g in self.gates if g.armed and g.op == op and g.after == after
+                         and g.match(key)), None)
+            if gate is not None:
+                gate.armed = False
+        if gate is not None:
+            gate.reached.set()
+            assert gate.opened.wait(WAIT), f"the {op} gate was never released"
+
+    def _around(self, op: str, key: str, call: Callable[[], object]) -> object:
+        self._pass(op, key, after=False)
+        result = call()
+        self._pass(op, key, after=True)
+        return result
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        with self._lock:
+            self.calls.append(("get", key, byte_range))
+        return self._around("get", key, lambda: super(HookedStore, self).get(key, byte_range))  # type: ignore[return-value]
+
+    def get_many(self, keys):  # type: ignore[no-untyped-def]
+        keys = list(keys)
+        return self._around("get_many", keys[0] if keys else "",
+                            lambda: super(HookedStore, self).get_many(keys))
+
+    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+        return self._around("list", prefix,  # type: ignore[return-value]
+                            lambda: super(HookedStore, self).list(prefix, delimiter))
+
+    def set(self, key: str, value: bytes) -> None:
+        self._around("set", key, lambda: super(HookedStore, self).set(key, value))
+
+
+@pytest.fixture
+def pool():
+    with ThreadPoolExecutor(4) as executor:
+        yield executor
+
+
+def result(future: Future[object]) -> object:
+    return future.result(timeout=WAIT)
+
+
+def gateway(store: KvStore, **kw: object) -> Gateway:
+    return Gateway(store, GatewayConfig(**kw))  # type: ignore[arg-type]
+
+
+def test_listing_loaded_before_a_commit_is_not_stored(pool: ThreadPoolExecutor) -> None:
+    """The spurious ENOENT after rename: a LIST that began before a commit finished after it
+    and was stored; the committed name then answered ENOENT until the TTL."""
+    store = HookedStore(MemoryStore())
+    store.inner.set("d/old", b"x")
+    now = [0.0]
+    gw = Gateway(store, GatewayConfig(ttl=5.0), clock=lambda: now[0])
+    fh = gw.create("/d/tmp.partial", os.O_WRONLY)
+    gw.write(fh, b"data", 0)
+    gw.readdir("/d")  # the listing is cached and fresh
+    committing = store.gate("set", lambda key: key == "d/final", after=False)
+    rename = pool.submit(gw.rename, "/d/tmp.partial", "/d/final")
+    committing.wait_reached()  # validated, about to store
+    now[0] = 10.0  # the listing expires: the next question LISTs again
+    listing = store.gate("list", lambda prefix: prefix == "d/")
+    lister = pool.submit(gw.readdir, "/d")
+    listing.wait_reached()  # the LIST has returned, without the new name
+    committing.release()
+    result(rename)  # stored, and the cache told, while the LIST's answer is on its way
+    listing.release()
+    names = [name for name, _ in result(lister)]  # type: ignore[attr-defined]
+    assert "final" not in names  # the lister's question began before the rename
+    assert gw.stat("/d/final").size == 4  # ... but its stale answer was not kept
+    assert [n for n, _ in gw.readdir("/d")] == ["final", "old"]
+    gw.release(fh)
+
+
+def test_listing_is_never_changed_under_a_reader() -> None:
+    """readdir iterated a listing that commits patched in place ("dictionary changed size
+    during iteration", answered EIO). Listings are immutable values now."""
+    gw = gateway(MemoryStore())
+    gw.write_file("/d/a", b"1")
+    entries = gw.view.entries("d/")
+    names = iter(entries.files)
+    first = next(names)
+    gw.write_file("/d/b", b"2")
+    assert [first, *names] == ["a"]  # the iteration went on undisturbed
+    assert set(gw.view.entries("d/").files) == {"a", "b"}
+
+
+def test_one_list_per_folder_however_many_threads_miss(pool: ThreadPoolExecutor) -> None:
+    store = HookedStore(MemoryStore())
+    store.inner.set("d/a", b"1")
+    lists: list[str] = []
+
+    class Counting(ForwardingStore):
+        def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+            lists.append(prefix)
+            return super().list(prefix, delimiter)
+
+    gw = gateway(Counting(store))
+    gate = store.gate("list", lambda prefix: prefix == "d/")
+    first = pool.submit(gw.stat, "/d/a")
+    gate.wait_reached()
+    others = [pool.submit(gw.stat, "/d/a") for _ in range(3)]
+    gate.release()
+    assert all(result(f).size == 1 for f in [first, *others])  # type: ignore[attr-defined]
+    assert lists.count("d/") == 1
+
+
+def test_detection_begun_before_the_array_existed_is_not_kept(pool: ThreadPoolExecutor) -> None:
+    """A folder detected as plain while its .zarray was being committed was cached as plain:
+    chunks then went in as "other", unvalidated, in strict mode."""
+    store = HookedStore(MemoryStore())
+    now = [0.0]
+    gw = Gateway(store, GatewayConfig(ttl=5.0), clock=lambda: now[0])
+    committing = store.gate("set", lambda key: key == "arr/.zarray", after=False)
+    create = pool.submit(gw.write_file, "/arr/.zarray", json.dumps(ZARRAY).encode())
+    committing.wait_reached()  # validated (the folder was plain), about to store
+    now[0] = 10.0  # cached detections expire
+    probing = store.gate("get_many", lambda first: first.startswith("arr/"))
+    probe = pool.submit(gw.detector.folder, "arr/")
+    probing.wait_reached()  # probed: no metadata there yet
+    committing.release()
+    result(create)
+    probing.release()
+    assert result(probe).kind.value == "plain"  # type: ignore[attr-defined]
+    with pytest.raises(Rejected):
+        gw.write_file("/arr/0", b"too long for a 4-byte chunk")
+    assert store.inner.get("arr/0") is None
+
+
+def test_chunk_commit_and_dtype_change_are_ordered(pool: ThreadPoolExecutor) -> None:
+    """A chunk validated against the old metadata could land after a dtype change passed its
+    "no chunks exist" check. Now the metadata commit waits for the chunk commit."""
+    store = HookedStore(MemoryStore())
+    gw = gateway(store)
+    gw.write_file("/arr/.zarray", json.dumps(ZARRAY).encode())
+    gate = store.gate("set", lambda key: key == "arr/0", after=False)
+    chunk = pool.submit(gw.write_file, "/arr/0", b"abcd")
+    gate.wait_reached()  # validated under |u1, about to be stored
+    change = pool.submit(gw.write_file, "/arr/.zarray",
+                         json.dumps({**ZARRAY, "dtype": "<u2"}).encode())
+    assert not change.done()
+    gate.release()
+    result(chunk)
+    with pytest.raises(Rejected):  # the chunk is there now: the change would reinterpret it
+        result(change)
+    assert json.loads(store.inner.get("arr/.zarray") or b"")["dtype"] == "|u1"
+    assert Validator(store.inner).run().ok
+
+
+def test_concurrent_metadata_commits_keep_every_consolidated_entry(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """Two upkeeps of .zmetadata read the same document and the second write lost the first
+    one's entry."""
+    store = HookedStore(MemoryStore())
+    gw = gateway(store)
+    gw.write_file("/.zgroup", b'{"zarr_format": 2}')
+    gw.write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
+        ".zgroup": {"zarr_format": 2}}}).encode())
+    gate = store.gate("get", lambda key: key == ".zmetadata")  # upkeep has read the document
+    first = pool.submit(gw.write_file, "/a/.zarray", json.dumps(ZARRAY).encode())
+    gate.wait_reached()
+    second = pool.submit(gw.write_file, "/b/.zarray", json.dumps(ZARRAY).encode())
+    gate.release()
+    result(first)
+    result(second)
+    doc = json.loads(store.inner.get(".zmetadata") or b"")
+    assert {"a/.zarray", "b/.zarray"} <= doc["metadata"].keys()
+
+
+def test_rename_stores_the_bytes_it_validated(pool: ThreadPoolExecutor) -> None:
+    """A rename validated one snapshot of the staged bytes and stored another: a write on
+    another handle in between put unvalidated bytes under a chunk name."""
+    store = HookedStore(MemoryStore())
+    gw = gateway(store)
+    gw.write_file("/arr/.zarray", json.dumps(ZARRAY).encode())
+    fh = gw.create("/arr/0.partial", os.O_WRONLY)
+    gw.write(fh, b"good", 0)
+    gate = store.gate("set", lambda key: key == "arr/0", after=False)
+    rename = pool.submit(gw.rename, "/arr/0.partial", "/arr/0")
+    gate.wait_reached()  # validated "good", about to store
+    spoil = pool.submit(gw.write, fh, b"bad bytes, far too long", 0)
+    gate.release()
+    result(rename)
+    result(spoil)
+    gw.release(fh)
+    assert store.inner.get("arr/0") == b"good"
+    assert Validator(store.inner).run().ok
+
+
+def test_refused_new_file_can_be_created_again_at_once() -> None:
+    """After a refused close() the kernel keeps the name; the retried open(O_CREAT) arrives
+    as a plain open and answered ENOENT until the TTL."""
+    gw = gateway(MemoryStore())
+    gw.write_file("/arr/.zarray", json.dumps(ZARRAY).encode())
+    with pytest.raises(Rejected):
+        gw.write_file("/arr/1", b"bad")
+    with pytest.raises(KeyNotFound):
+        gw.stat("/arr/1")
+    fh = gw.open("/arr/1", os.O_WRONLY)  # what the kernel sends for the retry
+    gw.write(fh, b"good", 0)
+    gw.flush(fh)
+    gw.release(fh)
+    assert gw.read_file("/arr/1") == b"good"
+    with pytest.raises(KeyNotFound):
+        gw.open("/arr/2", os.O_WRONLY)  # never refused: an ordinary ENOENT
+
+
+def test_subscribers_hear_of_refusals_and_derived_writes() -> None:
+    gw = gateway(MemoryStore())
+    heard: list[str] = []
+    gw.subscribe(heard.extend)
+    gw.write_file("/.zgroup", b'{"zarr_format": 2}')
+    gw.write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
+        ".zgroup": {"zarr_format": 2}}}).encode())
+    heard.clear()
+    gw.write_file("/a/.zarray", json.dumps(ZARRAY).encode())
+    assert {"/a/.zarray", "/.zmetadata"} <= set(heard)
+    heard.clear()
+    with pytest.raises(Rejected):
+        gw.write_file("/a/0", b"bad")
+    assert heard == ["/a/0"]
+
+
+class CountingGets(ForwardingStore):
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self.got: list[tuple[str, ByteRange | None]] = []
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        self.got.append((key, byte_range))
+        return super().get(key, byte_range)
+
+    def get_many(self, keys):  # type: ignore[no-untyped-def]
+        keys = list(keys)
+        self.got.extend((key, None) for key in keys)
+        return super().get_many(keys)
+
+
+def test_o_trunc_never_reads_the_stored_object() -> None:
+    store = CountingGets(MemoryStore())
+    store.inner.set("big", bytes(8 << 20))
+    gw = gateway(store)
+    fh = gw.open("/big", os.O_WRONLY | os.O_TRUNC)
+    gw.write(fh, b"tiny", 0)
+    gw.flush(fh)
+    gw.release(fh)
+    assert [k for k, _ in store.got if k == "big"] == []
+    assert store.inner.get("big") == b"tiny"
+
+
+def test_small_rewrite_of_a_big_file_fetches_by_range() -> None:
+    store = CountingGets(MemoryStore())
+    original = os.urandom(40 << 20)
+    store.inner.set("big", original)
+    gw = gateway(store, spill_bytes=4 << 20, staging_bytes=8 << 20)
+    fh = gw.open("/big", os.O_RDWR)
+    gw.write(fh, b"XY", 1000)
+    assert store.got == []  # nothing fetched to write two bytes
+    gw.flush(fh)
+    gw.release(fh)
+    assert all(r is not None and (r.length or 0) <= 16 << 20 for k, r in store.got if k == "big")
+    assert store.inner.get("big") == original[:1000] + b"XY" + original[1002:]
+
+
+def test_staging_memory_is_one_budget() -> None:
+    gw = gateway(MemoryStore(), staging_bytes=4 << 20, spill_bytes=64 << 20)
+    handles = [gw.create(f"/f{i}", os.O_WRONLY) for i in range(4)]
+    for fh in handles:
+        gw.write(fh, bytes(3 << 20), 0)
+        assert gw.budget.used <= 4 << 20
+    for fh in handles:
+        gw.flush(fh)
+        gw.release(fh)
+    assert gw.budget.used == 0
+    assert all(len(gw.read_file(f"/f{i}")) == 3 << 20 for i in range(4))
+
+
+def test_loading_cache_grounds_flights_on_every_kind_of_change() -> None:
+    cache: LoadingCache[int] = LoadingCache(None)
+    started, finish = threading.Event(), threading.Event()
+
+    def slow() -> int:
+        started.set()
+        finish.wait(WAIT)
+        return 1
+
+    for change in (lambda: cache.invalidate("k"), lambda: cache.invalidate_prefix(""),
+                   cache.clear, lambda: cache.replace("k", lambda v: v + 1)):
+        started.clear()
+        finish.clear()
+        with ThreadPoolExecutor(1) as one:
+            loading = one.submit(cache.load, "k", slow)
+            assert started.wait(WAIT)
+            change()
+            finish.set()
+            assert loading.result(WAIT) == 1
+        assert cache.get("k") is None  # the overtaken load was not stored
+        assert cache.load("k", lambda: 2) == 2
+        cache.clear()
+
+
+def test_negative_detection_is_cached_until_the_metadata_changes() -> None:
+    store = CountingGets(MemoryStore())
+    store.inner.set("x/.zarray", b'{"zarr_format": 2}')  # lacks every other key
+    gw = gateway(store)
+    for _ in range(3):
+        with pytest.raises(Rejected):
+            gw.detector.folder("x/")
+    assert len([k for k, _ in store.got if k == "x/.zarray"]) == 1
+    gw.write_file("/x/.zarray", json.dumps(ZARRAY).encode())
+    assert gw.detector.folder("x/").kind.value == "array"
+
+
+def test_folder_locks_exclude_and_share(pool: ThreadPoolExecutor) -> None:
+    order = ArrayOrder()
+    inside, leave, meta_in = threading.Event(), threading.Event(), threading.Event()
+
+    def chunk() -> None:
+        with order.for_keys(["a/0"]):
+            inside.set()
+            leave.wait(WAIT)
+
+    def metadata() -> None:
+        with order.for_keys([], metadata=["a/.zarray"]):
+            meta_in.set()
+
+    first = pool.submit(chunk)
+    assert inside.wait(WAIT)
+    with order.for_keys(["a/1"]):  # chunk commits share the array folder
+        pass
+    with order.for_keys(["b/0"], metadata=["b/.zarray"]):  # another array: no wait
+        pass
+    meta = pool.submit(metadata)
+    assert not meta_in.wait(0.2)  # excluded while the chunk commit holds the folder
+    leave.set()
+    result(first)
+    result(meta)
+    assert meta_in.is_set()
+    assert order.held_count() == 0
+
+
+def test_dir_entries_changes_make_new_values() -> None:
+    entries = DirEntries()
+    grown = entries.with_dir("x")
+    assert entries.dirs == frozenset()
+    assert grown.dirs == {"x"}
