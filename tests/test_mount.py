@@ -267,6 +267,8 @@ def test_mount_returns_once_mounted_status_then_unmount(mounter):
         ("bogus://x", [], "unknown URL scheme"),
         ("demo:", ["-o", "no_such_option"], "unknown option"),  # said by libfuse, in the daemon
         ("demo:", ["--cache-size", "lots"], "cannot read 'lots' as a size"),
+        ("demo:", ["--staging-size", "lots"], "cannot read 'lots' as a size"),
+        ("demo:", ["-o", "max_file_size=huge"], "cannot read 'huge' as a size"),
     ],
 )
 def test_mount_failure_reaches_the_terminal(mounter, source, extra, reason):

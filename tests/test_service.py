@@ -30,6 +30,7 @@ from n5fs.cli.fstab import mount_argv, translate_options
 from n5fs.cli.main import build_parser
 from n5fs.cli.mount import make_plan
 from n5fs.cli.sdnotify import Notifier, socket_address, status_interval, status_line
+from n5fs.errors import InvalidSource
 from n5fs.fuse_front.mounts import is_stale, mount_entry
 from n5fs.kvstore.spec import S3Spec, ZipSpec, parse_spec
 from tests.mounting import CLI, wait_until
@@ -173,6 +174,8 @@ def test_status_line_names_source_mountpoint_and_counters():
         ('validate = "strictest"\n', "validate", "must be one of strict, warn, off"),
         ('cache_size = "lots"\n', "cache_size", "cannot read 'lots' as a size"),
         ("cache_ttl = -1\n", "cache_ttl", "cannot be negative"),
+        ('staging_size = "lots"\n', "staging_size", "cannot read 'lots' as a size"),
+        ("max_file_size = -1\n", "max_file_size", 'expected a size like "512M"'),
         ('mountpoint = "mnt"\n', "mountpoint", "must be an absolute path"),
         ('options = "allow_other"\n', "options", "expected a list of option strings"),
         ('source = "bogus://x"\n', "source", "unknown URL scheme 'bogus'"),
@@ -230,14 +233,15 @@ validate = "warn"
 read_only = true
 cache_size = "1M"
 cache_ttl = 7
+staging_size = "8M"
+max_file_size = "1G"
 allow_other = true
 log_level = "debug"
 options = ["default_permissions"]
 """,
     )
-    args = build_parser().parse_args(
-        ["mount", "--config", str(path), "--cache-ttl", "9", "-o", "rw,validate=off"]
-    )
+    argv = ["mount", "--config", str(path), "--cache-ttl", "9", "-o", "rw,validate=off"]
+    args = build_parser().parse_args([*argv, "--max-file-size", "2G"])
     apply_config(args, load_config(str(path)))
     assert args.log_level == "debug"
     plan = make_plan(args)
@@ -245,11 +249,29 @@ options = ["default_permissions"]
     assert plan.validate == "off"  # -o on the command line comes after the file's settings
     assert not plan.read_only
     assert (plan.cache_bytes, plan.ttl) == (1 << 20, 9.0)
+    assert (plan.staging_bytes, plan.max_file_size) == (8 << 20, 2 << 30)
     assert plan.options.fuse == {"allow_other": True, "default_permissions": True}
     argv = ["mount", "memory://", str(mp), "--config", str(path), "--validate", "strict"]
     args = build_parser().parse_args(argv)
     apply_config(args, load_config(str(path)))
     assert make_plan(args).validate == "strict"
+
+
+def test_staging_and_max_file_size_from_o_options_flags_and_defaults(tmp_path):
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    plan = make_plan(build_parser().parse_args(["mount", "memory://", str(mp)]))
+    assert (plan.staging_bytes, plan.max_file_size) == (256 << 20, 1 << 40)
+    argv = ["mount", "memory://", str(mp), "-o", "staging_size=64M,max_file_size=10G,uid=5"]
+    plan = make_plan(build_parser().parse_args(argv))
+    assert (plan.staging_bytes, plan.max_file_size) == (64 << 20, 10 << 30)
+    assert plan.options.fuse == {"uid": "5"}  # libfuse never sees n5fs's own sizes
+    plan = make_plan(build_parser().parse_args([*argv, "--staging-size", "1G"]))
+    assert plan.staging_bytes == 1 << 30  # the flag beats -o
+    for bad, reason in (("staging_size=lots", "cannot read 'lots'"), ("max_file_size", "needs")):
+        args = build_parser().parse_args(["mount", "memory://", str(mp), "-o", bad])
+        with pytest.raises(InvalidSource, match=reason):
+            make_plan(args)
 
 
 def test_s3_settings_reach_the_s3_store_of_the_source():
@@ -282,6 +304,8 @@ def test_the_example_config_is_valid_and_documents_every_key():
     assert config.mountpoint is not None
     text = example.read_text()
     for key in ("source", "mountpoint", "validate", "read_only", "cache_size", "cache_ttl"):
+        assert re.search(rf"^{key} = ", text, re.MULTILINE), key
+    for key in ("staging_size", "max_file_size"):
         assert re.search(rf"^{key} = ", text, re.MULTILINE), key
     for key in ("allow_other", "log_level", "options", "endpoint", "region", "anonymous"):
         assert re.search(rf"^{key} = ", text, re.MULTILINE), key

@@ -63,6 +63,8 @@ class MountConfig:
     read_only: bool | None = None
     cache_size: int | None = None
     cache_ttl: float | None = None
+    staging_size: int | None = None
+    max_file_size: int | None = None
     allow_other: bool | None = None
     log_level: str | None = None
     options: tuple[str, ...] = ()
@@ -81,6 +83,10 @@ class MountConfig:
             groups.append(f"cache_size={self.cache_size}")
         if self.cache_ttl is not None:
             groups.append(f"cache_ttl={self.cache_ttl:g}")
+        if self.staging_size is not None:
+            groups.append(f"staging_size={self.staging_size}")
+        if self.max_file_size is not None:
+            groups.append(f"max_file_size={self.max_file_size}")
         return [*groups, *self.options]
 
 
@@ -189,7 +195,7 @@ def _validate(value: object) -> str:
     return text
 
 
-def _cache_size(value: object) -> int:
+def _size(value: object) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     if isinstance(value, str):
@@ -247,8 +253,10 @@ _KEYS: dict[str, Callable[[object], Any]] = {
     "mountpoint": _mountpoint,
     "validate": _validate,
     "read_only": _boolean,
-    "cache_size": _cache_size,
+    "cache_size": _size,
     "cache_ttl": _cache_ttl,
+    "staging_size": _size,
+    "max_file_size": _size,
     "allow_other": _boolean,
     "log_level": _log_level,
     "options": _options,

@@ -62,6 +62,10 @@ log = logging.getLogger("n5fs.cli.mount")
 READY_TIMEOUT = 60.0
 DEFAULT_CACHE = 256 << 20
 DEFAULT_TTL = 5.0
+DEFAULT_STAGING = 256 << 20
+DEFAULT_MAX_FILE_SIZE = 1 << 40
+#: n5fs's ``-o`` sizes that fuse_front.options leaves among libfuse's: taken out here
+_OWN_SIZE_OPTIONS = ("staging_size", "max_file_size")
 
 
 # == the plan: everything decided before forking ==================================================
@@ -77,6 +81,8 @@ class MountPlan:
     cache_bytes: int
     ttl: float
     log_file: str | None
+    staging_bytes: int = DEFAULT_STAGING
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE
 
     @property
     def read_only(self) -> bool:
@@ -85,6 +91,7 @@ class MountPlan:
 
 def make_plan(args: argparse.Namespace) -> MountPlan:
     opts = parse_options(args.options or [])
+    sizes = _own_sizes(opts)
     mountpoint = check_mountpoint(args.mountpoint)
     fsname = probe_source(args.source, read_only=opts.read_only)
     cache = args.cache_size if args.cache_size is not None else opts.cache_bytes
@@ -101,7 +108,29 @@ def make_plan(args: argparse.Namespace) -> MountPlan:
         cache_bytes=DEFAULT_CACHE if cache is None else cache,
         ttl=DEFAULT_TTL if ttl is None else ttl,
         log_file=log_file,
+        staging_bytes=_pick(args.staging_size, sizes.get("staging_size"), DEFAULT_STAGING),
+        max_file_size=_pick(args.max_file_size, sizes.get("max_file_size"), DEFAULT_MAX_FILE_SIZE),
     )
+
+
+def _own_sizes(opts: MountOptions) -> dict[str, int]:
+    """Take ``staging_size=`` and ``max_file_size=`` out of the options meant for libfuse
+    (which would refuse them) and read them as sizes."""
+    sizes: dict[str, int] = {}
+    for name in _OWN_SIZE_OPTIONS:
+        value = opts.fuse.pop(name, None)
+        if value is True:
+            raise InvalidSource(f"-o {name} needs a size, e.g. {name}=512M")
+        if isinstance(value, str):
+            sizes[name] = parse_size(value)
+    return sizes
+
+
+def _pick(flag: int | None, option: int | None, default: int) -> int:
+    """The command-line flag, else the ``-o`` option (or config file), else the default."""
+    if flag is not None:
+        return flag
+    return default if option is None else option
 
 
 def check_mountpoint(path: str) -> str:
@@ -166,6 +195,8 @@ def serve_plan(
         read_only=plan.read_only,
         cache_bytes=plan.cache_bytes,
         ttl=plan.ttl,
+        staging_bytes=plan.staging_bytes,
+        max_file_size=plan.max_file_size,
     )
     gateway = Gateway(source.store, config)
     fuse = fuse_options(
@@ -402,7 +433,8 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         action="append",
         metavar="OPTIONS",
         help="comma-separated: ro, allow_other, default_permissions, validate=MODE, "
-        "cache_size=SIZE, cache_ttl=SECONDS; others go to libfuse",
+        "cache_size=SIZE, cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE; others "
+        "go to libfuse",
     )
     p.add_argument(
         "--validate",
@@ -416,6 +448,24 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         default=None,
         metavar="SIZE",
         help="memory for cached object bytes, e.g. 512M, 2G (default 256M)",
+    )
+    p.add_argument(
+        "--staging-size",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="memory all open files together may use for written bytes not yet committed "
+        "(they go to the store at close/fsync/rename); beyond it, and for any file over 64M, "
+        "they wait in sparse temp files under $TMPDIR (default 256M)",
+    )
+    p.add_argument(
+        "--max-file-size",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="the largest size a write or truncate may give a file; beyond it the call fails "
+        "with EFBIG (File too large), so a runaway writer cannot fill the temp disk "
+        "(default 1T)",
     )
     p.add_argument(
         "--cache-ttl",
