@@ -26,9 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,8 +44,15 @@ from n5fs.errors import (
 )
 from n5fs.gateway.commit import Mode, Rejection
 from n5fs.gateway.committer import Committer
-from n5fs.gateway.handles import Handle, Node, OpenFiles, StagingConfig
-from n5fs.gateway.namespace import CONTROL, Attr, EntryKind, is_control, path_to_key
+from n5fs.gateway.handles import Handle, Node, OpenFiles, RefusedNames, StagingConfig
+from n5fs.gateway.namespace import (
+    CONTROL,
+    Attr,
+    EntryKind,
+    is_control,
+    path_to_key,
+    statfs_of,
+)
 from n5fs.gateway.ordering import folders_above
 from n5fs.gateway.reader import ObjectReader
 from n5fs.gateway.renames import Renamer
@@ -63,8 +68,6 @@ if TYPE_CHECKING:
     from n5fs.kvstore.base import KvStore
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
-#: names whose new-file commit was refused recently (a retry reopens them; see ``open``)
-_REFUSED_MEMORY = 1024
 
 
 @dataclass
@@ -134,8 +137,7 @@ class Gateway:
         self.renamer = Renamer(
             store, self.view, self.files, self.committer, self.reader, self.detector
         )
-        self._refused: OrderedDict[str, None] = OrderedDict()
-        self._refused_lock = threading.Lock()
+        self._refused = RefusedNames()
 
     @property
     def rejections(self) -> list[Rejection]:
@@ -207,7 +209,7 @@ class Gateway:
             self._check_mutable(key)
         attr = self.view.lookup(key)
         if attr is None:
-            if writing and self._was_refused(key):
+            if writing and key in self._refused:
                 # The kernel still holds the entry our refused create made; the caller's
                 # open(O_CREAT) arrives as open(): create it again.
                 return self.create(path, flags)
@@ -324,23 +326,9 @@ class Gateway:
             self.committer.commit_node(node)
         except Rejected:
             if new:
-                self._remember_refused(node.key)
+                self._refused.remember(node.key)
             raise
-        self._forget_refused(node.key)
-
-    def _remember_refused(self, key: str) -> None:
-        with self._refused_lock:
-            self._refused[key] = None
-            while len(self._refused) > _REFUSED_MEMORY:
-                self._refused.popitem(last=False)
-
-    def _forget_refused(self, key: str) -> None:
-        with self._refused_lock:
-            self._refused.pop(key, None)
-
-    def _was_refused(self, key: str) -> bool:
-        with self._refused_lock:
-            return key in self._refused
+        self._refused.forget(node.key)
 
     def flush(self, fh: int) -> None:
         node = self.files.handle(fh).node
@@ -388,7 +376,7 @@ class Gateway:
         with self.files.pinned(key) as (node,):
             stored = node.stored
             self.files.detach(key)
-            self._forget_refused(key)
+            self._refused.forget(key)
             if not stored:
                 self.committer.changed([key])
                 return
@@ -433,7 +421,7 @@ class Gateway:
             raise NotSupported("hdmf-zarr links cannot be renamed; remove and link again")
         else:
             self.renamer.rename_file(src, dst, dst_attr)
-            self._forget_refused(dst)
+            self._refused.forget(dst)
 
     def link(self, src_path: str, dst_path: str) -> None:
         src, dst = path_to_key(src_path), path_to_key(dst_path)
@@ -497,30 +485,3 @@ class Gateway:
 
     def walk_keys(self) -> list[str]:
         return sorted(k.key for k in self.store.list("", delimiter=None).keys)
-
-
-def statfs_of(root: object) -> dict[str, int]:
-    """The backing filesystem's numbers for a file store; generous fixed ones otherwise."""
-    if isinstance(root, (str, os.PathLike)) and os.path.isdir(root):
-        st = os.statvfs(root)
-        return {
-            "f_bsize": st.f_bsize,
-            "f_frsize": st.f_frsize,
-            "f_blocks": st.f_blocks,
-            "f_bfree": st.f_bfree,
-            "f_bavail": st.f_bavail,
-            "f_files": st.f_files,
-            "f_ffree": st.f_ffree,
-            "f_namemax": 255,
-        }
-    big = 1 << 40
-    return {
-        "f_bsize": 1 << 20,
-        "f_frsize": 1 << 20,
-        "f_blocks": big >> 20,
-        "f_bfree": big >> 20,
-        "f_bavail": big >> 20,
-        "f_files": 1 << 32,
-        "f_ffree": 1 << 32,
-        "f_namemax": 255,
-    }

@@ -21,6 +21,7 @@ import contextlib
 import itertools
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -224,3 +225,32 @@ class OpenFiles:
             node.staged.close()
             node.staged = None
         return self.staged(node, 0)
+
+
+class RefusedNames:
+    """Names whose first commit (a new file) was refused, most recent ``limit`` of them.
+
+    After a refused ``close()`` the kernel may still hold the entry the ``create`` made; the
+    caller's retried ``open(O_CREAT)`` then reaches us as a plain ``open`` of a name that does
+    not exist, and ``Gateway.open`` serves it as a create. Own lock, a leaf.
+    """
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._names: OrderedDict[str, None] = OrderedDict()
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def remember(self, key: str) -> None:
+        with self._lock:
+            self._names[key] = None
+            self._names.move_to_end(key)
+            while len(self._names) > self._limit:
+                self._names.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._names.pop(key, None)
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._names

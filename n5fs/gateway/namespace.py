@@ -8,6 +8,7 @@ and a prefix share a name (``a`` and ``a/x``) the directory wins. The control fo
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -82,3 +83,30 @@ class DirEntries:
             files.pop(CONTROL, None)
             dirs.discard(CONTROL)
         return cls(files, frozenset(dirs))
+
+
+def statfs_of(root: object) -> dict[str, int]:
+    """The backing filesystem's numbers for a file store; generous fixed ones otherwise."""
+    if isinstance(root, (str, os.PathLike)) and os.path.isdir(root):
+        st = os.statvfs(root)
+        return {
+            "f_bsize": st.f_bsize,
+            "f_frsize": st.f_frsize,
+            "f_blocks": st.f_blocks,
+            "f_bfree": st.f_bfree,
+            "f_bavail": st.f_bavail,
+            "f_files": st.f_files,
+            "f_ffree": st.f_ffree,
+            "f_namemax": 255,
+        }
+    big = 1 << 40
+    return {
+        "f_bsize": 1 << 20,
+        "f_frsize": 1 << 20,
+        "f_blocks": big >> 20,
+        "f_bfree": big >> 20,
+        "f_bavail": big >> 20,
+        "f_files": 1 << 32,
+        "f_ffree": 1 << 32,
+        "f_namemax": 255,
+    }
