@@ -13,6 +13,7 @@ leaves it alone) whose wakeup fd the watcher reads, whichever thread took the si
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import select
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from n5fs.fuse_front import _lib
 from n5fs.fuse_front.attrs import StatMaker
+from n5fs.fuse_front.invalidate import Invalidator
 from n5fs.fuse_front.mounts import MountFailed
 from n5fs.fuse_front.operations import GatewayLike, N5fsOperations
 from n5fs.fuse_front.options import render
@@ -41,8 +43,12 @@ POLL_SECONDS = 0.2
 
 
 class _Session:
-    """The running mount: its libfuse handle, readiness, and the watcher that wakes the loop
-    once libfuse has been told to exit."""
+    """The running mount: its libfuse handle, readiness, the watcher that wakes the loop once
+    libfuse has been told to exit, and the kernel invalidator's access to libfuse.
+
+    ``_lock`` guards ``fuse_ptr`` against use after libfuse frees it: every call into libfuse
+    with it (the watcher's exit check, :meth:`invalidate`) runs under the lock and only while
+    ``_finished`` is false; :meth:`finish` (libfuse's destroy) sets it under the lock."""
 
     def __init__(
         self,
@@ -61,10 +67,14 @@ class _Session:
         self.answered = False
         self._finished = False
         self._lock = threading.Lock()  # fuse_ptr is freed after finish(): never read it then
+        self.invalidator: Invalidator | None = None
 
     def started(self, fuse_ptr: int) -> None:
         """libfuse's init (a FUSE thread; no request is served until it returns)."""
-        self.fuse_ptr = fuse_ptr
+        with self._lock:
+            self.fuse_ptr = fuse_ptr
+        if self.invalidator is not None:
+            self.invalidator.start()
         threading.Thread(target=self._announce, name="n5fs-ready", daemon=True).start()
 
     def _announce(self) -> None:
@@ -82,8 +92,24 @@ class _Session:
         """libfuse's destroy (or serve's end): the loop is over."""
         if self.answered:  # an unmount from outside (fusermount3 -u) skips the watcher
             self._announce_stop()
+        if self.invalidator is not None:
+            self.invalidator.stop()  # before the struct fuse is freed
         with self._lock:
             self._finished = True
+
+    def invalidate(self, path: str) -> int:
+        """The invalidator's one way into libfuse. Refused (-ESHUTDOWN) once the loop is told
+        to end: libfuse then unmounts and closes the device, and a notification racing that
+        close could land in a reused descriptor."""
+        with self._lock:
+            if self._finished or not self.fuse_ptr or _lib.loop_exited(self.fuse_ptr):
+                return -errno.ESHUTDOWN
+            return _lib.invalidate_path(self.fuse_ptr, path)
+
+    def settle(self) -> None:
+        """Let an operation that committed wait until the kernel has heard of the change."""
+        if self.invalidator is not None:
+            self.invalidator.settle()
 
     def _announce_stop(self) -> None:
         """Tell ``on_stopping`` once, before the last commits run (systemd's STOPPING=1)."""
@@ -137,6 +163,25 @@ class _Session:
             os.stat(os.path.join(self.mountpoint, f".n5fs-wake-{uuid.uuid4().hex}"))
 
 
+def _kernel_invalidator(gateway: GatewayLike, session: _Session) -> Invalidator | None:
+    """An invalidator fed by the gateway's change announcements; None where libfuse cannot
+    invalidate (libfuse 2, fusepy) or the gateway announces nothing: cached entries then last
+    their timeouts (``cache_ttl``)."""
+    if not _lib.CAN_INVALIDATE:
+        log.debug(
+            "%s cannot invalidate the kernel's cached entries; they last their timeouts",
+            _lib.describe(),
+        )
+        return None
+    subscribe = getattr(gateway, "subscribe", None)  # optional: fakes may lack it
+    if subscribe is None:
+        log.debug("the gateway announces no changes; cached entries last their timeouts")
+        return None
+    invalidator = Invalidator(session.invalidate)
+    subscribe(invalidator.enqueue)
+    return invalidator
+
+
 @contextlib.contextmanager
 def _hup_to(session: _Session) -> Iterator[None]:
     """Route SIGHUP to the watcher through a wakeup fd (main thread only: Python's rule)."""
@@ -172,11 +217,13 @@ def serve(
     caches when called in the main thread. Raises MountFailed when libfuse refuses (its own message went to stderr).
     """
     session = _Session(os.path.abspath(mountpoint), gateway, on_ready, on_stopping)
+    session.invalidator = _kernel_invalidator(gateway, session)
     ops = N5fsOperations(
         gateway,
         stat=StatMaker(read_only=gateway.read_only),
         on_init=session.started,
         on_destroy=session.finish,
+        settle=session.settle,
     )
     log.debug("libfuse options: %s", render(options))
     with _hup_to(session):

@@ -67,6 +67,10 @@ class GatewayLike(Protocol):
     def symlink(self, target: str, path: str) -> None: ...
     def statfs(self) -> dict[str, int]: ...
     def close(self) -> None: ...
+    def subscribe(self, callback: Callable[[Sequence[str]], None]) -> None:
+        """Call ``callback`` with the absolute paths whose kernel entries went stale, after
+        each change took effect (any thread, maybe under the gateway's locks: it must queue,
+        never block). Optional: the front looks it up with ``getattr`` (fakes may lack it)."""
 
 
 class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
@@ -81,11 +85,13 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
         stat: StatMaker | None = None,
         on_init: Callable[[int], None] | None = None,
         on_destroy: Callable[[], None] | None = None,
+        settle: Callable[[], object] | None = None,
     ) -> None:
         self.gateway = gateway
         self.to_stat = stat or StatMaker(read_only=gateway.read_only)
         self._on_init = on_init
         self._on_destroy = on_destroy
+        self._settle = settle
         self._dirs: dict[int, _DirHandle] = {}
         self._dir_fh = itertools.count(1)
         self._lock = threading.Lock()
@@ -109,6 +115,17 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
                 exc_info=code == errno.EIO,
             )
             raise FuseOSError(code) from exc
+
+    def _committing(self, op: str, call: Callable[[], T]) -> T:
+        """:meth:`_run` for an operation that may commit: before it answers, the kernel has
+        been told what the commit made stale (a refused name, a rewritten ``.zmetadata``), so
+        the caller's next call sees the truth. Bounded; see :mod:`n5fs.fuse_front.invalidate`
+        for why this wait cannot deadlock here and must never be added to read or write."""
+        try:
+            return self._run(op, call)
+        finally:
+            if self._settle is not None:
+                self._settle()
 
     # == metadata =================================================================================
 
@@ -197,11 +214,11 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
     # == names ====================================================================================
 
     def unlink(self, path: str) -> int:
-        self._run("unlink " + path, lambda: self.gateway.unlink(path))
+        self._committing("unlink " + path, lambda: self.gateway.unlink(path))
         return 0
 
     def rename(self, old: str, new: str, flags: int = 0) -> int:
-        self._run(f"rename {old} -> {new}", lambda: self._rename(old, new, flags))
+        self._committing(f"rename {old} -> {new}", lambda: self._rename(old, new, flags))
         return 0
 
     def _rename(self, old: str, new: str, flags: int) -> None:
@@ -213,12 +230,14 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
 
     def link(self, target: str, source: str) -> int:
         """mfusepy's order: ``target`` is the new name, ``source`` the existing file."""
-        self._run(f"link {source} -> {target}", lambda: self.gateway.link(source, target))
+        self._committing(f"link {source} -> {target}", lambda: self.gateway.link(source, target))
         return 0
 
     def symlink(self, target: str, source: str) -> int:
         """mfusepy's order: ``target`` is the new link's path, ``source`` the text it holds."""
-        self._run(f"symlink {target} -> {source}", lambda: self.gateway.symlink(source, target))
+        self._committing(
+            f"symlink {target} -> {source}", lambda: self.gateway.symlink(source, target)
+        )
         return 0
 
     # == files ====================================================================================
@@ -245,11 +264,11 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
 
     def flush(self, path: str, fh: int) -> int:
         """Every close() flushes: the commit point, where a refused write answers EINVAL."""
-        self._run("flush " + path, lambda: self.gateway.flush(fh))
+        self._committing("flush " + path, lambda: self.gateway.flush(fh))
         return 0
 
     def fsync(self, path: str, datasync: int, fh: int) -> int:
-        self._run("fsync " + path, lambda: self.gateway.fsync(fh))
+        self._committing("fsync " + path, lambda: self.gateway.fsync(fh))
         return 0
 
     def release(self, path: str, fh: int) -> int:
