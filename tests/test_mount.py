@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numcodecs
@@ -203,7 +204,13 @@ def test_flock_and_fcntl_locks_exclude_each_other(mounter, backing):
     finally:
         os.killpg(holder.pid, signal.SIGKILL)  # flock and the shell holding its descriptor
         holder.wait()
-    free = subprocess.run(["flock", "-n", str(target), "true"], check=False, timeout=30)
+    # the killed `sleep` (flock's child, holding the descriptor) may close it a moment after
+    # flock itself was reaped: poll, bounded
+    for _ in range(100):
+        free = subprocess.run(["flock", "-n", str(target), "true"], check=False, timeout=30)
+        if free.returncode == 0:
+            break
+        time.sleep(0.1)
     assert free.returncode == 0
     hold = (
         "import fcntl,sys,time; f=open(sys.argv[1],'r+b'); fcntl.lockf(f, fcntl.LOCK_EX); "
