@@ -14,13 +14,15 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from n5fs.caching import LoadingCache
 from n5fs.errors import KeyNotFound, Rejected
 from n5fs.gateway import Gateway, GatewayConfig
-from n5fs.gateway.namespace import DirEntries
+from n5fs.gateway.namespace import DirEntries, FileMap
 from n5fs.gateway.ordering import ArrayOrder
-from n5fs.kvstore.base import ByteRange, KvStore, Listing
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import ForwardingStore
 from n5fs.validate import Validator
@@ -410,3 +412,39 @@ def test_dir_entries_changes_make_new_values() -> None:
     grown = entries.with_dir("x")
     assert entries.dirs == frozenset()
     assert grown.dirs == {"x"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    base=st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 9), max_size=8),
+    changes=st.lists(st.tuples(st.booleans(), st.sampled_from("abcdefghij"), st.integers(0, 9))),
+)
+def test_file_map_behaves_as_a_dict_and_never_changes(base, changes) -> None:
+    """Listings change by overlay (cheap for 50,000-chunk folders); old values stay as they
+    were for any thread still reading them."""
+    info = lambda name, size: KeyInfo(name, size)
+    model = {k: info(k, v) for k, v in base.items()}
+    current = FileMap(dict(model))
+    for add, name, size in changes:
+        before, frozen = current, dict(current)
+        if add:
+            current = current.with_item(name, info(name, size))
+            model[name] = info(name, size)
+        else:
+            current = current.without(name)
+            model.pop(name, None)
+        assert dict(before) == frozen
+        assert dict(current) == model
+        assert len(current) == len(model)
+        assert all((n in current) == (n in model) for n in "abcdefghij")
+
+
+def test_file_map_folds_its_overlay_and_stays_right() -> None:
+    model = {f"c{i}": KeyInfo(f"c{i}", i) for i in range(1000)}
+    current = FileMap(dict(model))
+    for i in range(500):  # past sqrt(1000): folded at least once
+        current = current.with_item(f"n{i}", KeyInfo(f"n{i}", i)).without(f"c{i}")
+        model[f"n{i}"] = KeyInfo(f"n{i}", i)
+        del model[f"c{i}"]
+    assert dict(current) == model
+    assert len(current._added) + len(current._removed) <= 64  # noqa: SLF001
