@@ -447,4 +447,4 @@ def test_file_map_folds_its_overlay_and_stays_right() -> None:
         model[f"n{i}"] = KeyInfo(f"n{i}", i)
         del model[f"c{i}"]
     assert dict(current) == model
-    assert len(current._added) + len(current._removed) <= 64  # noqa: SLF001
+    assert len(current._added) + len(current._removed) <= 64
