@@ -448,3 +448,31 @@ def test_file_map_folds_its_overlay_and_stays_right() -> None:
         del model[f"c{i}"]
     assert dict(current) == model
     assert len(current._added) + len(current._removed) <= 64
+
+
+def test_create_waiting_on_a_renamed_over_name_joins_the_new_file(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """A create that waited for the lock of a name while a rename replaced that name must end
+    up on the file now there, or two handles of one name would stage apart."""
+    store = HookedStore(MemoryStore())
+    store.inner.set("d/a", b"from a")
+    store.inner.set("d/b", b"old b")
+    gw = gateway(store)
+    moving = store.gate("set", lambda key: key == "d/b", after=False)
+    pending = gw.create("/d/a", os.O_WRONLY)  # staged: the rename stores by set
+    gw.write(pending, b"from a", 0)
+    rename = pool.submit(gw.rename, "/d/a", "/d/b")
+    moving.wait_reached()  # holds the nodes of d/a and d/b
+    create = pool.submit(gw.create, "/d/b", os.O_WRONLY)
+    moving.release()
+    result(rename)
+    fh = result(create)
+    assert gw.files.handle(fh).node is gw.files.node("d/b")  # type: ignore[arg-type]
+    gw.write(fh, b"new", 0)  # type: ignore[arg-type]
+    reader = gw.open("/d/b", os.O_RDONLY)
+    assert gw.read(reader, 100, 0) == b"newm a"  # one shared staging buffer
+    for handle in (reader, fh, pending):
+        gw.flush(handle)  # type: ignore[arg-type]
+        gw.release(handle)  # type: ignore[arg-type]
+    assert store.inner.get("d/b") == b"newm a"

@@ -216,11 +216,14 @@ class Gateway:
             raise KeyNotFound(f"no such file or directory: {path}")
         if attr.kind is EntryKind.DIR:
             raise IsAPrefix(f"is a directory: {path}")
-        node = self.files.acquire(key)
-        if flags & os.O_TRUNC:
-            with node.lock:
-                self.files.empty(node)
-                node.dirty = True
+        if not flags & os.O_TRUNC:
+            return self.files.add_handle(Handle(self.files.acquire(key), flags))
+        node = self.files.acquire_locked(key)
+        try:
+            self.files.empty(node)
+            node.dirty = True
+        finally:
+            node.lock.release()
         return self.files.add_handle(Handle(node, flags))
 
     def create(self, path: str, flags: int = os.O_WRONLY) -> int:
@@ -229,13 +232,14 @@ class Gateway:
         exclusive creates of one name cannot both succeed."""
         key = path_to_key(path)
         self._check_mutable(key)
-        node = self.files.acquire(key)
+        node = self.files.acquire_locked(key)
         try:
-            with node.lock:
-                self._start_new(node, path, flags)
+            self._start_new(node, path, flags)
         except BaseException:
+            node.lock.release()
             self.files.release(node)
             raise
+        node.lock.release()
         return self.files.add_handle(Handle(node, flags))
 
     def _start_new(self, node: Node, path: str, flags: int) -> None:

@@ -141,17 +141,37 @@ class OpenFiles:
             node.refs += 1
             return node
 
+    def acquire_locked(self, key: str) -> Node:
+        """Like :meth:`acquire`, with the node's lock held (the caller releases both), and
+        still the key's node once locked: a rename or unlink that replaced it while we waited
+        for its lock sends us to the new one."""
+        return self._lock_current([key])[0]
+
+    def _lock_current(self, keys: list[str]) -> list[Node]:
+        """Reference and lock the current nodes of ``keys`` (distinct, sorted)."""
+        while True:
+            nodes = [self.acquire(key) for key in keys]
+            for node in nodes:
+                node.lock.acquire()
+            with self._lock:
+                current = all(self._nodes.get(k) is n for k, n in zip(keys, nodes, strict=True))
+            if current:
+                return nodes
+            for node in reversed(nodes):
+                node.lock.release()
+                self.release(node)
+
     @contextlib.contextmanager
     def pinned(self, *keys: str) -> Iterator[list[Node]]:
         """The nodes of ``keys``, referenced and locked in key order (no lock-order cycle
         between two operations on the same pair of names), released afterwards."""
-        nodes = {key: self.acquire(key) for key in sorted(set(keys))}
+        order = sorted(set(keys))
+        nodes = dict(zip(order, self._lock_current(order), strict=True))
         try:
-            with contextlib.ExitStack() as stack:
-                for key in sorted(nodes):
-                    stack.enter_context(nodes[key].lock)
-                yield [nodes[key] for key in keys]
+            yield [nodes[key] for key in keys]
         finally:
+            for node in nodes.values():
+                node.lock.release()
             for node in nodes.values():
                 self.release(node)
 
