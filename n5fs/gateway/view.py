@@ -168,13 +168,13 @@ class NamespaceView:
         self.listings.replace(dir_prefix(parent(key)), lambda e: e.with_file(name, info))
         child = parent(key)
         while child:
+            with self._vlock:
+                self._vdirs.discard(child)
             folder, sub = dir_prefix(parent(child)), basename(child)
             known = self.listings.get(folder)
             if known is not None and sub in known.dirs:
                 break  # known, so every folder above knows its way here too
             self.listings.replace(folder, partial(DirEntries.with_dir, name=sub))
-            with self._vlock:
-                self._vdirs.discard(child)
             child = parent(child)
         return info
 
