@@ -7,6 +7,7 @@ on luck.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -18,11 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from n5fs.caching import LoadingCache
-from n5fs.errors import KeyNotFound, Rejected
+from n5fs.errors import KeyNotFound, Rejected, errno_of
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.gateway.namespace import DirEntries, FileMap
 from n5fs.gateway.ordering import ArrayOrder
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing
+from n5fs.kvstore.keys import folders_above
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import ForwardingStore
 from n5fs.validate import Validator
@@ -476,3 +478,45 @@ def test_create_waiting_on_a_renamed_over_name_joins_the_new_file(
         gw.flush(handle)  # type: ignore[arg-type]
         gw.release(handle)  # type: ignore[arg-type]
     assert store.inner.get("d/b") == b"newm a"
+
+
+def test_write_past_the_size_limit_is_efbig_and_changes_nothing() -> None:
+    gw = gateway(MemoryStore(), max_file_size=1000)
+    fh = gw.create("/f", os.O_WRONLY)
+    gw.write(fh, b"abc", 0)
+    with pytest.raises(OSError) as info:
+        gw.write(fh, b"x", 1000)
+    assert errno_of(info.value) == errno.EFBIG
+    with pytest.raises(OSError):
+        gw.truncate("/f", 1001, fh)
+    gw.flush(fh)
+    gw.release(fh)
+    assert gw.read_file("/f") == b"abc"
+
+
+def test_chunk_too_large_to_validate_is_refused_unread(monkeypatch: pytest.MonkeyPatch) -> None:
+    gw = gateway(MemoryStore())
+    gw.write_file("/arr/.zarray", json.dumps(ZARRAY).encode())
+    monkeypatch.setattr("n5fs.gateway.committer.MAX_VALIDATED_BYTES", 3)
+    with pytest.raises(Rejected) as info:
+        gw.write_file("/arr/0", b"abcd")
+    assert info.value.rule == "too-large-to-validate"
+    gw.write_file("/arr/notes.txt", b"other keys are never read: any size")
+
+
+def test_directory_rename_announces_the_consolidated_metadata_it_rewrote() -> None:
+    gw = gateway(MemoryStore())
+    gw.write_file("/.zgroup", b'{"zarr_format": 2}')
+    gw.write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
+        ".zgroup": {"zarr_format": 2}}}).encode())
+    gw.write_file("/a/.zarray", json.dumps(ZARRAY).encode())
+    heard: list[str] = []
+    gw.subscribe(heard.extend)
+    gw.rename("/a", "/b")
+    assert {"/a", "/b", "/.zmetadata"} <= set(heard)
+    assert "b/.zarray" in json.loads(gw.read_file("/.zmetadata"))["metadata"]
+
+
+def test_folders_above_a_key_root_first() -> None:
+    assert folders_above("a/b/c") == ["", "a/", "a/b/"]
+    assert folders_above("c") == [""]

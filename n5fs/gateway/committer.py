@@ -172,21 +172,21 @@ class Committer:
         consolidated metadata true, tell subscribers. Inside the hold of ``key``."""
         self.counters.add("commits")
         self.counters.add("bytes_in", size)
-        changed = [key, *self._note_written(key, size, data)]
+        self._note_written(key, size, data)
+        changed = [key]
         if self.mode is not Mode.OFF and is_metadata(key):
             if data is None:
                 data = self.store.get(key)
             changed += self.keeper.after_change(key, data)
         self.changed(changed)
 
-    def _note_written(self, key: str, size: int, data: bytes | None) -> list[str]:
+    def _note_written(self, key: str, size: int, data: bytes | None) -> None:
         info = self.view.note_set(key, size)
         if data is not None:
             self.reader.cache.put(key, (info.size, info.mtime), data)
         else:
             self.reader.cache.invalidate(key)
         self.detector.invalidate(key)
-        return []
 
     def _written_by_keeper(self, key: str, data: bytes) -> None:
         self._note_written(key, len(data), data)

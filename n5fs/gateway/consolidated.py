@@ -22,7 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from n5fs.formats.zarr3 import consolidated_metadata
-from n5fs.kvstore.keys import basename, parent
+from n5fs.kvstore.keys import basename, folders_above, parent
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -32,16 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _V2_ENTRIES = frozenset({".zarray", ".zgroup", ".zattrs"})
-
-
-def _ancestors(folder: str) -> list[str]:
-    """``"a/b"`` -> ``["a/b/", "a/", ""]``: the folder itself, then every parent."""
-    out = []
-    while folder:
-        out.append(folder + "/")
-        folder = parent(folder)
-    out.append("")
-    return out
 
 
 class ConsolidatedKeeper:
@@ -82,7 +72,7 @@ class ConsolidatedKeeper:
         except ValueError:
             return []  # not JSON: validation would have refused it in strict mode
         written = []
-        for root in _ancestors(parent(key)):
+        for root in reversed(folders_above(key)):  # nearest first
             zmeta = root + ".zmetadata"
             if not self._exists(zmeta):
                 continue
@@ -106,7 +96,7 @@ class ConsolidatedKeeper:
             return []
         folder = parent(key)
         written = []
-        for root in _ancestors(folder)[1:] if folder else []:
+        for root in reversed(folders_above(folder)) if folder else []:
             group_key = root + "zarr.json"
             if not self._exists(group_key):
                 continue

@@ -53,12 +53,11 @@ from n5fs.gateway.namespace import (
     path_to_key,
     statfs_of,
 )
-from n5fs.gateway.ordering import folders_above
 from n5fs.gateway.reader import ObjectReader
 from n5fs.gateway.renames import Renamer
 from n5fs.gateway.staging import StagingBudget
 from n5fs.gateway.view import NamespaceView
-from n5fs.kvstore.keys import parent
+from n5fs.kvstore.keys import folders_above, parent
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -307,7 +306,8 @@ class Gateway:
         self._check_mutable(key)
         if fh is not None:
             node = self.files.handle(fh).node
-            assert node is not None
+            if node is None:
+                raise AccessDenied(f"{path} is a read-only control entry of n5fs")
             with node.lock:
                 self.files.staged(node, self._stored_size(node)).truncate(length)
                 node.dirty = node.written = True

@@ -71,7 +71,7 @@ class Node:
 
     def pending_attr(self, writable: bool) -> Attr | None:
         staged = self.staged
-        if staged is None or not (self.dirty or not self.stored) or self.unlinked:
+        if staged is None or not self.pending:
             return None
         return Attr(EntryKind.FILE, staged.size, time.time(), writable)
 

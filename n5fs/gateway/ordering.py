@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from n5fs.kvstore.keys import dir_prefix, parent
+from n5fs.kvstore.keys import folders_above
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -62,17 +62,6 @@ class _FolderLock:
             else:
                 self.readers -= 1
             self.cond.notify_all()
-
-
-def folders_above(key: str) -> list[str]:
-    """``"a/b/c"`` -> ``["", "a/", "a/b/"]``: every folder that gives ``key`` its meaning."""
-    out = []
-    folder = parent(key)
-    while folder:
-        out.append(dir_prefix(folder))
-        folder = parent(folder)
-    out.append("")
-    return out[::-1]
 
 
 class ArrayOrder:

@@ -19,11 +19,11 @@ from functools import cache, partial
 from typing import TYPE_CHECKING
 
 from n5fs.errors import InvalidKey, IsAPrefix, KeyExists, KeyNotFound, NotAPrefix, PrefixNotEmpty
+from n5fs.gateway.commit import Mode
 from n5fs.gateway.committer import is_metadata
 from n5fs.gateway.links import add_link, remove_link
 from n5fs.gateway.namespace import Attr, EntryKind
-from n5fs.gateway.ordering import folders_above
-from n5fs.kvstore.keys import basename, dir_prefix, parent
+from n5fs.kvstore.keys import basename, dir_prefix, folders_above, parent
 
 if TYPE_CHECKING:
     from n5fs.detect import Detector
@@ -131,8 +131,8 @@ class Renamer:
             self.view.note_moved_dir(src, dst, empty=not moves)
             self.reader.cache.invalidate_prefix(src + "/")
             self.detector.clear()
-            self._after_moves(moves)
-        self.committer.changed([src, dst])
+            rewritten = self._after_moves(moves)
+        self.committer.changed([src, dst, *rewritten])
 
     def _validate_moves(self, dst: str, moves: list[tuple[str, str]]) -> None:
         destination = self.detector.folder(dir_prefix(parent(dst)))
@@ -147,14 +147,17 @@ class Renamer:
             raise KeyNotFound(f"/{key}")
         return data
 
-    def _after_moves(self, moves: list[tuple[str, str]]) -> None:
-        if self.committer.mode.value == "off":
-            return
+    def _after_moves(self, moves: list[tuple[str, str]]) -> list[str]:
+        """Keep consolidated metadata true after moved metadata; the keys it rewrote."""
+        if self.committer.mode is Mode.OFF:
+            return []
         keeper = self.committer.keeper
+        rewritten: list[str] = []
         for old_key, new_key in moves:
             if is_metadata(old_key):
-                keeper.after_change(old_key, None)
-                keeper.after_change(new_key, self.store.get(new_key))
+                rewritten += keeper.after_change(old_key, None)
+                rewritten += keeper.after_change(new_key, self.store.get(new_key))
+        return rewritten
 
     # -- hdmf-zarr links -----------------------------------------------------------------------
 

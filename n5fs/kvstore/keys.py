@@ -49,6 +49,17 @@ def parent(key: str) -> str:
     return key.rpartition("/")[0]
 
 
+def folders_above(key: str) -> list[str]:
+    """``"a/b/c"`` -> ``["", "a/", "a/b/"]``: every folder above ``key``, the root first."""
+    out = []
+    folder = parent(key)
+    while folder:
+        out.append(folder + "/")
+        folder = parent(folder)
+    out.append("")
+    return out[::-1]
+
+
 def basename(key: str) -> str:
     return key.rpartition("/")[2]
 
