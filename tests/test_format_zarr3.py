@@ -441,7 +441,8 @@ def test_fill_value_forms(data_type: Any, fill: Any, bits: str) -> None:
     "raw", [b"{", b"\xff\xfe", b"[]", b'{"zarr_format": NaN}', b"[" * 100_000, b'"zarr.json"']
 )
 def test_undecodable_json_refused(raw: bytes) -> None:
-    rejected("json", None, raw)
+    # nesting too deep for any parser is refused as such, before it is found unterminated
+    rejected("json-depth" if raw.startswith(b"[[") else "json", None, raw)
 
 
 def test_accepted_variations() -> None:

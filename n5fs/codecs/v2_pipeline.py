@@ -13,7 +13,6 @@ that every global it names is on :data:`SAFE_PICKLE_GLOBALS`.
 
 from __future__ import annotations
 
-import json
 import lzma
 import pickletools
 from collections.abc import Callable, Mapping
@@ -24,6 +23,7 @@ import numpy as np
 from numcodecs.compat import ensure_bytes
 
 from n5fs.codecs import limits
+from n5fs.codecs.jsondoc import load_json
 from n5fs.codecs.limits import CodecError, check_size
 
 Codec = Any  # numcodecs.abc.Codec; numcodecs ships no type information
@@ -268,9 +268,9 @@ def check_vlen_count(data: Any, count: int, codec_id: str) -> None:
 def decode_json_objects(data: Any, count: int) -> np.ndarray[Any, Any]:
     """numcodecs JSON chunks are ``[item..., dtype, shape]``; parsed here without trusting dtype."""
     try:
-        items = json.loads(bytes(data))
-    except (ValueError, RecursionError) as exc:
-        raise CodecError(f"json2 chunk is not JSON: {exc}", rule="undecodable") from exc
+        items = load_json(data, what="json2 chunk")
+    except CodecError as exc:
+        raise CodecError(exc.message, rule="undecodable") from exc
     if not isinstance(items, list) or len(items) < 2 or not isinstance(items[-1], list):
         raise CodecError("json2 chunk is not [items..., dtype, shape]", rule="undecodable")
     shape = items[-1]

@@ -20,7 +20,6 @@ N5 version 0's ``compressionType`` string stands in for ``compression``.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from math import prod
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from n5fs.codecs import jsondoc
 from n5fs.codecs.limits import CodecError, check_size
 from n5fs.codecs.n5_compression import (
     N5Compression,
@@ -83,9 +83,9 @@ def _retag(exc: CodecError, path: str) -> CodecError:
 def load_attributes(data: bytes, *, path: str = "") -> dict[str, Any]:
     """Parse ``attributes.json`` bytes into a JSON object, or raise Rejected (rule ``json``)."""
     try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise _reject(path, "json", f"attributes.json is not valid JSON: {exc}") from exc
+        obj = jsondoc.load_json(data, what="attributes.json")
+    except CodecError as exc:
+        raise _reject(path, exc.rule, exc.message) from exc
     if not isinstance(obj, dict):
         raise _reject(
             path, "json", f"attributes.json must hold a JSON object, not {type(obj).__name__}"

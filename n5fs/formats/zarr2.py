@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from n5fs.codecs import jsondoc
+from n5fs.codecs.limits import CodecError
 from n5fs.codecs.v2_pipeline import V2Pipeline
 from n5fs.errors import InvalidKey, Rejected
 from n5fs.formats.base import (
@@ -80,11 +82,9 @@ def load_json(data: bytes) -> Any:
         return out
 
     try:
-        return json.loads(data, object_pairs_hook=unique)
-    except Rejected:
-        raise
-    except (ValueError, RecursionError) as exc:
-        raise _bad("json", f"not valid UTF-8 JSON: {exc}") from exc
+        return jsondoc.load_json(data, what="the document", object_pairs_hook=unique)
+    except CodecError as exc:
+        raise _bad(exc.rule, exc.message) from exc
 
 
 def _json_object(doc: Any, what: str) -> dict[str, Any]:
@@ -452,8 +452,8 @@ class Zarr2ConsolidatedNode(Node):
 def _peek_format(data: bytes | None) -> Any:
     """``zarr_format`` of a probe document, or None; never raises (detection asks everyone)."""
     try:
-        doc = json.loads(data) if data is not None else None
-    except (ValueError, RecursionError):
+        doc = jsondoc.load_json(data) if data is not None else None
+    except Rejected:
         return None
     return doc.get("zarr_format") if isinstance(doc, dict) else None
 

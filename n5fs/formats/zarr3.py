@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from n5fs.codecs import jsondoc
 from n5fs.codecs.limits import CodecError
 from n5fs.codecs.sharding import ShardingCodec
 from n5fs.codecs.v3_codecs import (
@@ -243,9 +244,9 @@ def load_json(data: bytes) -> Any:
         raise ValueError(f"bare {token} is not JSON")
 
     try:
-        return json.loads(bytes(data).decode("utf-8"), parse_constant=refuse)
-    except (ValueError, RecursionError) as exc:
-        raise _bad("json", f"{METADATA_NAME} is not valid JSON: {exc}") from exc
+        return jsondoc.load_json(data, what=METADATA_NAME, parse_constant=refuse)
+    except CodecError as exc:
+        raise _bad(exc.rule, exc.message) from exc
 
 
 def _check_members(

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from n5fs.codecs.jsondoc import load_json
 from n5fs.detect import Detector, Folder, FolderKind, candidates
 from n5fs.errors import DetectionFailed, Rejected
 from n5fs.formats.base import ArrayNode, Format, KeyKind, Node
@@ -159,16 +160,16 @@ class CommitRules:
     @staticmethod
     def _has_n5_keys(load: Loader) -> bool:
         try:
-            doc = json.loads(load())
-        except (ValueError, UnicodeDecodeError):
+            doc = load_json(load())
+        except Rejected:
             return False
         return isinstance(doc, dict) and ("n5" in doc or bool(present_dataset_keys(doc)))
 
     @staticmethod
     def _has_hdmf_marks(load: Loader) -> bool:
         try:
-            return is_hdmf_attrs(json.loads(load()))
-        except (ValueError, UnicodeDecodeError):
+            return is_hdmf_attrs(load_json(load()))
+        except Rejected:
             return False
 
     # -- metadata ----------------------------------------------------------------------------

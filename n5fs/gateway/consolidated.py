@@ -21,6 +21,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from n5fs.codecs.jsondoc import load_json
+from n5fs.errors import Rejected
 from n5fs.formats.zarr3 import consolidated_metadata
 from n5fs.kvstore.keys import basename, folders_above, parent
 
@@ -56,8 +58,8 @@ class ConsolidatedKeeper:
     def _load(self, key: str) -> dict[str, Any] | None:
         raw = self.store.get(key)
         try:
-            doc = json.loads(raw) if raw is not None else None
-        except ValueError:
+            doc = load_json(raw) if raw is not None else None
+        except Rejected:
             return None
         return doc if isinstance(doc, dict) else None
 
@@ -68,8 +70,8 @@ class ConsolidatedKeeper:
 
     def _update_v2(self, key: str, data: bytes | None) -> list[str]:
         try:
-            entry = json.loads(data) if data is not None else None
-        except ValueError:
+            entry = load_json(data) if data is not None else None
+        except Rejected:
             return []  # not JSON: validation would have refused it in strict mode
         written = []
         for root in reversed(folders_above(key)):  # nearest first
@@ -91,8 +93,8 @@ class ConsolidatedKeeper:
 
     def _update_v3(self, key: str, data: bytes | None) -> list[str]:
         try:
-            entry = json.loads(data) if data is not None else None
-        except ValueError:
+            entry = load_json(data) if data is not None else None
+        except Rejected:
             return []
         folder = parent(key)
         written = []
