@@ -95,6 +95,12 @@ class FileTooLarge(N5fsError, OSError):
     errno_code = errno.EFBIG
 
 
+class NoSpace(N5fsError, OSError):
+    """Not enough room to write (a spill directory, the disk under an archive)."""
+
+    errno_code = errno.ENOSPC
+
+
 class CrossDevice(N5fsError, OSError):
     """A rename the store cannot do in place; ``mv`` falls back to copy on EXDEV."""
 

@@ -7,6 +7,7 @@ commands raise from the error tree. ``set`` is atomic: readers see the old or th
 from __future__ import annotations
 
 import abc
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -14,13 +15,13 @@ from n5fs.errors import KeyNotFound, ReadOnly
 from n5fs.kvstore.keys import check_key, check_prefix
 
 if TYPE_CHECKING:
-    import os
-    from collections.abc import Iterable, Iterator
+    from collections.abc import Iterable, Iterator, Sequence
     from types import TracebackType
 
     from typing_extensions import Self
 
     from n5fs.kvstore.spec import StoreSpec
+    from n5fs.kvstore.tempnames import Leftover
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +108,11 @@ class KvStore(abc.ABC):
     """
 
     writable: ClassVar[bool] = True
+    #: ``rename_prefix`` moves a whole folder in one atomic step (a directory on disk)
+    atomic_prefix_rename: ClassVar[bool] = False
+    #: ``list`` reports the mtimes ``set_mtime`` kept (S3 listings carry only LastModified:
+    #: there ``stat`` must be asked)
+    listing_mtimes: ClassVar[bool] = True
     #: a prefix can exist with nothing under it (a directory on disk)
     empty_prefixes: ClassVar[bool] = False
 
@@ -169,6 +175,24 @@ class KvStore(abc.ABC):
             self.rename(key, dst + key[len(src) :])
         return len(keys)
 
+    def copy_many(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """``copy(src, dst)`` for every pair; network drivers run them in parallel."""
+        for src, dst in pairs:
+            self.copy(src, dst)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """``delete`` every key; network drivers batch them."""
+        for key in keys:
+            self.delete(key)
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        """Give the stored ``key`` the modification time ``mtime`` (seconds since the epoch),
+        which ``stat`` then reports and ``copy``/``rename`` keep; KeyNotFound if absent.
+        Stores that keep no times raise NotSupported (the default)."""
+        from n5fs.errors import NotSupported
+
+        raise NotSupported(f"{type(self).__name__} keeps no modification times ({key!r})")
+
     def make_prefix(self, prefix: str) -> bool:
         """Persist an empty prefix (a directory) if the store can; False if it cannot."""
         return False
@@ -181,6 +205,12 @@ class KvStore(abc.ABC):
         with open(path, "rb") as f:
             self.set(key, f.read())
 
+    def move_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Like :meth:`put_file`, but the local file is consumed: a store on the same
+        filesystem renames it into place instead of copying it."""
+        self.put_file(key, path)
+        os.unlink(path)
+
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         """Several gets; network drivers run them in parallel."""
         return {key: self.get(key) for key in keys}
@@ -188,6 +218,23 @@ class KvStore(abc.ABC):
     def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
         """Every key below ``prefix``."""
         yield from self.list(prefix, delimiter=None).keys
+
+    def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
+        """What interrupted writers left under ``prefix`` (hidden temp files, incomplete
+        uploads): never part of a listing, reported by ``validate``, removed by :meth:`sweep`."""
+        return ()
+
+    def remove_leftover(self, leftover: Leftover) -> None:
+        """Remove one leftover this store reported."""
+
+    def sweep(self, prefix: str = "") -> tuple[Leftover, ...]:
+        """Remove the leftovers of writers that are gone; return what was removed."""
+        removed = []
+        for leftover in self.leftovers(prefix):
+            if leftover.dead:
+                self.remove_leftover(leftover)
+                removed.append(leftover)
+        return tuple(removed)
 
     def flush(self) -> None:
         """Make buffered changes durable (the zip adapter rewrites its archive here)."""

@@ -12,7 +12,6 @@ import errno
 import os
 import shutil
 import stat as stat_mod
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -27,12 +26,21 @@ from n5fs.errors import (
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
 from n5fs.kvstore.keys import check_prefix, dir_prefix
 from n5fs.kvstore.spec import FileSpec
+from n5fs.kvstore.tempnames import (
+    PARTIAL_SUFFIX,
+    Leftover,
+    is_alive,
+    is_dead,
+    is_partial,
+    temp_name,
+    writer_of,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-#: our own temp files end so; listings never show them
-PARTIAL_SUFFIX = ".n5fs-partial"
+__all__ = ["PARTIAL_SUFFIX", "FileStore", "atomic_writer", "copy_sparse", "fsync_dir"]
+
 _CHUNK = 1 << 20
 
 
@@ -48,8 +56,9 @@ def fsync_dir(path: str) -> None:
 
 
 def _temp_beside(path: str) -> str:
+    """A hidden temp name beside ``path`` that names its writer and fits ``NAME_MAX``."""
     head, name = os.path.split(path)
-    return os.path.join(head, f".{name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
+    return os.path.join(head, temp_name(name))
 
 
 @contextlib.contextmanager
@@ -126,6 +135,7 @@ class FileStore(KvStore):
 
     spec_type = FileSpec
     empty_prefixes = True
+    atomic_prefix_rename = True
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self._spec = FileSpec(path=os.fspath(root))
@@ -228,7 +238,7 @@ class FileStore(KvStore):
         except (FileNotFoundError, NotADirectoryError, AccessDenied):
             return
         for entry in entries:
-            if entry.name.endswith(PARTIAL_SUFFIX):
+            if is_partial(entry.name):
                 continue
             if entry.is_symlink():
                 try:
@@ -276,11 +286,39 @@ class FileStore(KvStore):
         with open(path, "rb") as src, atomic_writer(target) as dst:
             copy_sparse(src, dst)
 
+    def move_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Rename a local file into place (made durable first); copy it across filesystems."""
+        target = self._prepare(key)
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+        try:
+            os.replace(path, target)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            super().move_file(key, path)
+            return
+        fsync_dir(os.path.dirname(target))
+
     def copy(self, src: str, dst: str) -> None:
         source = self._path(src)
         if not os.path.isfile(source):
             raise KeyNotFound(src)
         self.put_file(dst, source)
+        st = os.stat(source)  # a copy keeps the time, as S3's does (rename = copy + delete)
+        os.utime(self._path(dst), ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        """``os.utime`` (the access time stays); KeyNotFound if ``key`` is no file."""
+        path = self._path(key)
+        self._check_writable(key)
+        try:
+            st = os.stat(path)
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise KeyNotFound(f"cannot set the time of {key!r}: not a file")
+            os.utime(path, ns=(st.st_atime_ns, round(mtime * 1e9)))
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            raise KeyNotFound(f"cannot set the time of {key!r}: absent") from exc
 
     def delete(self, key: str) -> None:
         path = self._path(key)
@@ -361,6 +399,58 @@ class FileStore(KvStore):
         except FileNotFoundError:
             return
         except OSError as exc:
-            if exc.errno == errno.ENOTEMPTY:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+            if not self._clear_partials(path):
                 raise PrefixNotEmpty(f"folder {prefix!r} is not empty") from exc
-            raise
+            os.rmdir(path)
+
+    def _clear_partials(self, path: str) -> bool:
+        """Remove the temp files that keep an otherwise empty folder from going (``rmdir``,
+        ``rm -r``); True if that emptied it. A writer known to be alive keeps its file: its
+        rename would fail; one on another host cannot be asked and loses the race to rmdir."""
+        with os.scandir(path) as it:
+            entries = list(it)
+        if not all(is_partial(e.name) and e.is_file(follow_symlinks=False) for e in entries):
+            return False
+        alive = [e for e in entries if (w := writer_of(e.name)) is not None and is_alive(w)]
+        if alive:
+            return False
+        for entry in entries:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+        return True
+
+    # -- leftovers of interrupted writers -------------------------------------------------------
+
+    def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
+        """Hidden temp files under ``prefix`` (a folder): what killed writers left."""
+        top = os.path.join(self._root, dir_prefix(check_prefix(prefix)))
+        found: list[Leftover] = []
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+            for name in files:
+                if not is_partial(name):
+                    continue
+                full = os.path.join(folder, name)
+                try:
+                    st = os.lstat(full)
+                except FileNotFoundError:
+                    continue  # a live writer renamed it into place meanwhile
+                writer = writer_of(name)
+                found.append(
+                    Leftover(
+                        path=os.path.relpath(full, self._root).replace(os.sep, "/"),
+                        what="temp file",
+                        size=st.st_size,
+                        mtime=st.st_mtime,
+                        writer=str(writer) if writer else "an older n5fs",
+                        dead=is_dead(name, st.st_mtime),
+                    )
+                )
+        return tuple(sorted(found, key=lambda leftover: leftover.path))
+
+    def remove_leftover(self, leftover: Leftover) -> None:
+        self._check_writable(leftover.path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self._root, leftover.path))

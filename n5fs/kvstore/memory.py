@@ -1,10 +1,16 @@
-"""A dict store: the reference behaviour, the demo store, and the gateway tests' backend."""
+"""A dict store: the reference behaviour, the demo store, and the gateway tests' backend.
+
+Each key holds its value and modification time (``set`` stamps the time; ``set_mtime``
+changes it; ``copy`` and ``rename`` keep it). One lock guards changes; readers take the
+immutable ``(value, mtime)`` tuple a key holds, without the lock.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 
+from n5fs.errors import KeyNotFound
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing, slice_bytes
 from n5fs.kvstore.keys import check_prefix
 from n5fs.kvstore.spec import MemorySpec
@@ -54,3 +60,21 @@ class MemoryStore(KvStore):
             items = list(self._data.items())
         infos = (KeyInfo(k, len(v), t) for k, (v, t) in items if k.startswith(prefix))
         return group_listing(infos, prefix, delimiter)
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        self._check_writable(self._key(key))
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                raise KeyNotFound(f"cannot set the time of {key!r}: absent")
+            self._data[key] = (entry[0], float(mtime))
+
+    def copy(self, src: str, dst: str) -> None:
+        """The value and its time (the bytes are immutable: shared, not copied)."""
+        self._key(src)
+        self._check_writable(self._key(dst))
+        with self._lock:
+            entry = self._data.get(src)
+            if entry is None:
+                raise KeyNotFound(src)
+            self._data[dst] = entry

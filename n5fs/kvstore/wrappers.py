@@ -11,9 +11,10 @@ from n5fs.kvstore.keys import check_key, check_prefix
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Sequence
 
     from n5fs.kvstore.spec import StoreSpec
+    from n5fs.kvstore.tempnames import Leftover
 
 
 class ForwardingStore(KvStore):
@@ -29,6 +30,14 @@ class ForwardingStore(KvStore):
     @property
     def empty_prefixes(self) -> bool:  # type: ignore[override]
         return self.inner.empty_prefixes
+
+    @property
+    def listing_mtimes(self) -> bool:  # type: ignore[override]
+        return self.inner.listing_mtimes
+
+    @property
+    def atomic_prefix_rename(self) -> bool:  # type: ignore[override]
+        return self.inner.atomic_prefix_rename
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         return self.inner.get(key, byte_range)
@@ -54,6 +63,15 @@ class ForwardingStore(KvStore):
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         self.inner.put_file(key, path)
 
+    def move_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        self.inner.move_file(key, path)
+
+    def copy_many(self, pairs: Sequence[tuple[str, str]]) -> None:
+        self.inner.copy_many(pairs)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        self.inner.delete_many(keys)
+
     def rename(self, src: str, dst: str) -> None:
         self.inner.rename(src, dst)
 
@@ -68,6 +86,15 @@ class ForwardingStore(KvStore):
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         return self.inner.get_many(keys)
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        self.inner.set_mtime(key, mtime)
+
+    def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
+        return self.inner.leftovers(prefix)
+
+    def remove_leftover(self, leftover: Leftover) -> None:
+        self.inner.remove_leftover(leftover)
 
     def flush(self) -> None:
         self.inner.flush()
@@ -99,6 +126,17 @@ class ReadOnlyStore(ForwardingStore):
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")
 
+    def move_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")
+
+    def copy_many(self, pairs: Sequence[tuple[str, str]]) -> None:
+        if pairs:
+            raise ReadOnly(f"read-only store: cannot write {check_key(pairs[0][1])!r}")
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        if keys:
+            raise ReadOnly(f"read-only store: cannot delete {check_key(keys[0])!r}")
+
     def rename(self, src: str, dst: str) -> None:
         raise ReadOnly(f"read-only store: cannot move {check_key(src)!r}")
 
@@ -110,6 +148,15 @@ class ReadOnlyStore(ForwardingStore):
 
     def remove_prefix(self, prefix: str) -> None:
         raise ReadOnly(f"read-only store: cannot remove {prefix!r}")
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        raise ReadOnly(f"read-only store: cannot change the time of {check_key(key)!r}")
+
+    def remove_leftover(self, leftover: Leftover) -> None:
+        raise ReadOnly(f"read-only store: cannot remove {leftover.describe()}")
+
+    def sweep(self, prefix: str = "") -> tuple[Leftover, ...]:
+        raise ReadOnly(f"read-only store: cannot remove leftovers under {prefix!r}")
 
     def flush(self) -> None:
         """Nothing to make durable: nothing can have changed."""
@@ -125,8 +172,19 @@ class FaultyStore(ForwardingStore):
     ``times=None`` keeps failing until :meth:`heal`. ``when`` narrows it to some keys.
     """
 
-    _OPS = ("get", "set", "delete", "list", "stat", "delete_prefix", "copy", "put_file",
-            "get_many", "rename")
+    _OPS = (
+        "get",
+        "set",
+        "delete",
+        "list",
+        "stat",
+        "delete_prefix",
+        "copy",
+        "put_file",
+        "get_many",
+        "rename",
+        "set_mtime",
+    )
 
     def __init__(self, inner: KvStore) -> None:
         super().__init__(inner)
@@ -208,3 +266,7 @@ class FaultyStore(ForwardingStore):
     def rename(self, src: str, dst: str) -> None:
         self._maybe_fail("rename", dst)
         super().rename(src, dst)
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        self._maybe_fail("set_mtime", key)
+        super().set_mtime(key, mtime)

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import pytest
 
-from n5fs.errors import InvalidKey, KeyNotFound, ReadOnly, StoreUnavailable, errno_of
+from n5fs.errors import (
+    InvalidKey,
+    KeyNotFound,
+    NotSupported,
+    ReadOnly,
+    StoreUnavailable,
+    errno_of,
+)
 from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.spec import parse_spec, parse_url
 from n5fs.kvstore.wrappers import FaultyStore, ReadOnlyStore
@@ -24,6 +31,8 @@ if TYPE_CHECKING:
 
 KEYS = ["a", "x/0.0", "n5/0/1/2", "sp ace/ü+%=", ".zarray", "deep/a/b/c/d/e/f/attributes.json"]
 BAD_KEYS = ["../x", "/abs", "a//b", "a/./b", "a/../b", "a\x00b", "", "a/"]
+#: a time set_mtime gives (2001-09-09, with a fraction every store can keep)
+MTIME = 1_000_000_000.25
 
 
 class KvStoreContract(abc.ABC):
@@ -33,6 +42,10 @@ class KvStoreContract(abc.ABC):
     persistent: ClassVar[bool] = True
     #: how many keys the large-listing test seeds (pagination needs > 1000 on S3)
     many_keys: ClassVar[int] = 2500
+    #: ``copy`` gives the copy the source's time (as ``cp -p``; S3's CopyObject does)
+    copy_keeps_mtime: ClassVar[bool] = True
+    #: the step in which the store keeps times (zip's DOS dates: 2 s)
+    mtime_resolution: ClassVar[float] = 1e-3
 
     @abc.abstractmethod
     def seed(self, store: KvStore, key: str, value: bytes) -> None:
@@ -163,6 +176,52 @@ class KvStoreContract(abc.ABC):
             thread.join()
         assert seen, "the reader never ran"
         assert all(value in (old, new) for value in seen)
+
+    # -- times ---------------------------------------------------------------------------------
+
+    def _set_mtime_or_skip(self, store: KvStore, key: str, mtime: float) -> None:
+        try:
+            store.set_mtime(key, mtime)
+        except NotSupported as exc:
+            pytest.skip(f"this store keeps no modification times: {exc}")
+
+    def _mtime(self, store: KvStore, key: str) -> float:
+        info = store.stat(key)
+        assert info is not None, key
+        return info.mtime
+
+    def test_set_mtime_is_what_stat_reports(self, store: KvStore) -> None:
+        self.seed(store, "tm/k", b"timed")
+        self._set_mtime_or_skip(store, "tm/k", MTIME)
+        store.flush()
+        assert self._mtime(store, "tm/k") == pytest.approx(MTIME, abs=self.mtime_resolution)
+        assert store.get("tm/k") == b"timed"
+        assert self.peek(store, "tm/k") == b"timed"
+        store.set_mtime("tm/k", MTIME + 3600)
+        assert self._mtime(store, "tm/k") == pytest.approx(MTIME + 3600, abs=self.mtime_resolution)
+        with pytest.raises(KeyNotFound):
+            store.set_mtime("tm/absent", MTIME)
+        with pytest.raises(ReadOnly):
+            ReadOnlyStore(store).set_mtime("tm/k", MTIME)
+
+    def test_rename_keeps_mtime(self, store: KvStore) -> None:
+        self.seed(store, "tm/src", b"moved")
+        self._set_mtime_or_skip(store, "tm/src", MTIME)
+        store.rename("tm/src", "tm/sub/dst")
+        store.flush()
+        assert self._mtime(store, "tm/sub/dst") == pytest.approx(MTIME, abs=self.mtime_resolution)
+        assert store.get("tm/sub/dst") == b"moved"
+
+    def test_copy_keeps_mtime(self, store: KvStore) -> None:
+        if not self.copy_keeps_mtime:
+            pytest.skip("this store's copy gets the time of copying")
+        self.seed(store, "tm/src", b"copied")
+        self._set_mtime_or_skip(store, "tm/src", MTIME)
+        store.copy("tm/src", "tm/dst")
+        store.flush()
+        assert self._mtime(store, "tm/dst") == pytest.approx(MTIME, abs=self.mtime_resolution)
+        assert self._mtime(store, "tm/src") == pytest.approx(MTIME, abs=self.mtime_resolution)
+        assert self.peek(store, "tm/dst") == b"copied"
 
     # -- listing ---------------------------------------------------------------------------------
 
