@@ -43,8 +43,9 @@ def s3_server() -> Iterator[S3Server]:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _aws_env() -> Iterator[None]:
-    """Fake credentials for boto3's chain; never a real account."""
+def _aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fake credentials for boto3's chain, never a real account; n5fs's state (the S3 upload
+    journal) in a temp directory, never the machine's /var/lib/n5fs."""
     saved = {
         k: os.environ.get(k)
         for k in (
@@ -52,6 +53,7 @@ def _aws_env() -> Iterator[None]:
             "AWS_SECRET_ACCESS_KEY",
             "AWS_DEFAULT_REGION",
             "AWS_EC2_METADATA_DISABLED",
+            "N5FS_STATE_DIR",
         )
     }
     os.environ.update(
@@ -59,6 +61,7 @@ def _aws_env() -> Iterator[None]:
         AWS_SECRET_ACCESS_KEY="testing",
         AWS_DEFAULT_REGION="us-east-1",
         AWS_EC2_METADATA_DISABLED="true",
+        N5FS_STATE_DIR=str(tmp_path_factory.mktemp("n5fs-state")),
     )
     yield
     for key, value in saved.items():

@@ -57,6 +57,12 @@ def _peek(client: Any, bucket: str, name: str) -> bytes | None:
     return data
 
 
+@pytest.fixture(autouse=True)
+def _journal_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Multipart uploads are journaled (n5fs.kvstore.s3_uploads): in the test's directory."""
+    monkeypatch.setenv("N5FS_STATE_DIR", str(tmp_path / "state"))
+
+
 @pytest.fixture(scope="module")
 def client(s3_server: Any) -> Any:
     """One seeding client for the module: building a boto3 client costs ~0.1 s."""
@@ -279,8 +285,8 @@ def _closed_port() -> int:
 
 
 def test_unreachable_endpoint_is_store_unavailable() -> None:
-    spec = S3Spec(bucket="bkt1", endpoint=f"http://127.0.0.1:{_closed_port()}")
-    store = S3Store(spec, max_attempts=1)
+    spec = S3Spec(bucket="bkt1", endpoint=f"http://127.0.0.1:{_closed_port()}", max_retries=0)
+    store = S3Store(spec)
     with pytest.raises(StoreUnavailable) as info:
         store.get("k")
     assert errno_of(info.value) == errno.EIO
@@ -376,3 +382,114 @@ def test_zero_length_range_and_get_many(s3store: S3Store, client: Any) -> None:
     assert s3store.get("z", ByteRange(1, 0)) == b""
     assert s3store.get("absent", ByteRange(1, 0)) is None
     assert s3store.get_many(["z", "z", "absent"]) == {"z": b"abc", "absent": None}
+
+
+# -- times: x-amz-meta-mtime ------------------------------------------------------------------
+
+T = 1_700_000_000.25
+
+
+def _head(client: Any, bucket: str, key: str) -> dict[str, Any]:
+    head: dict[str, Any] = client.head_object(Bucket=bucket, Key=PREFIX + key)
+    return head
+
+
+def test_set_mtime_writes_rclone_style_metadata_and_keeps_headers(
+    s3store: S3Store, client: Any
+) -> None:
+    bucket = s3store.spec.bucket
+    client.put_object(
+        Bucket=bucket,
+        Key=PREFIX + "k",
+        Body=b"data",
+        ContentType="application/json",
+        CacheControl="no-cache",
+        Metadata={"owner": "lab"},
+    )
+    listed_before = s3store.list("").keys[0].mtime
+    s3store.set_mtime("k", T)
+    head = _head(client, bucket, "k")
+    assert head["Metadata"] == {"owner": "lab", "mtime": "1700000000.250000000"}
+    assert (head["ContentType"], head["CacheControl"]) == ("application/json", "no-cache")
+    info = s3store.stat("k")
+    assert info is not None
+    assert (info.size, info.mtime) == (4, T)
+    assert s3store.get("k") == b"data"
+    # a LIST carries no user metadata: it reports LastModified
+    assert s3store.list("").keys[0].mtime == pytest.approx(listed_before, abs=5)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("1700000000", 1_700_000_000.0),  # s3fs-fuse: whole seconds
+        ("1700000000.123456789", 1_700_000_000.123456789),  # rclone
+        ("not a time", None),  # ignored: LastModified
+    ],
+)
+def test_stat_reads_mtime_metadata_of_other_tools(
+    s3store: S3Store, client: Any, text: str, seconds: float | None
+) -> None:
+    bucket = s3store.spec.bucket
+    client.put_object(Bucket=bucket, Key=PREFIX + "k", Body=b"x", Metadata={"mtime": text})
+    info = s3store.stat("k")
+    assert info is not None
+    if seconds is None:
+        last = _head(client, bucket, "k")["LastModified"].timestamp()
+        assert info.mtime == last
+    else:
+        assert info.mtime == pytest.approx(seconds, abs=1e-6)
+
+
+def test_copy_and_rename_keep_time_and_headers(s3store: S3Store, client: Any) -> None:
+    bucket = s3store.spec.bucket
+    client.put_object(
+        Bucket=bucket, Key=PREFIX + "src", Body=b"v", ContentType="text/plain", Metadata={"a": "b"}
+    )
+    plain = s3store.stat("src")
+    assert plain is not None
+    s3store.copy("src", "plain-copy")  # no time set: the source's LastModified is kept
+    assert _head(client, bucket, "plain-copy")["Metadata"]["a"] == "b"
+    copied = s3store.stat("plain-copy")
+    assert copied is not None
+    assert copied.mtime == plain.mtime
+
+    s3store.set_mtime("src", T)
+    s3store.rename("src", "moved/dst")
+    head = _head(client, bucket, "moved/dst")
+    assert (head["ContentType"], head["Metadata"]) == (
+        "text/plain",
+        {"a": "b", "mtime": "1700000000.250000000"},
+    )
+    info = s3store.stat("moved/dst")
+    assert info is not None
+    assert info.mtime == T
+    assert s3store.stat("src") is None
+
+
+def test_managed_copy_and_set_mtime_keep_metadata(spec: S3Spec, client: Any) -> None:
+    store = S3Store(spec, multipart_threshold=5 * MiB, part_size=5 * MiB, single_copy_limit=MiB)
+    value = os.urandom(11 * MiB)
+    client.put_object(
+        Bucket=spec.bucket,
+        Key=PREFIX + "src",
+        Body=value,
+        ContentType="application/x-n5",
+        Metadata={"mtime": "1600000000", "x": "y"},
+    )
+    store.copy("src", "dst")
+    head = _head(client, spec.bucket, "dst")
+    assert head["ETag"].strip('"').endswith("-3"), head["ETag"]  # the multipart path
+    assert head["ContentType"] == "application/x-n5"
+    assert head["Metadata"] == {"mtime": "1600000000.000000000", "x": "y"}
+    store.set_mtime("dst", T)  # a copy onto itself, in parts
+    head = _head(client, spec.bucket, "dst")
+    assert head["Metadata"] == {"mtime": "1700000000.250000000", "x": "y"}
+    assert head["ContentType"] == "application/x-n5"
+    assert _peek(client, spec.bucket, PREFIX + "dst") == value
+    info = store.stat("dst")
+    assert info is not None
+    assert (info.size, info.mtime) == (len(value), T)
+    with pytest.raises(KeyNotFound):
+        store.set_mtime("absent", T)
+    store.close()

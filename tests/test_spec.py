@@ -126,3 +126,92 @@ def test_unloadable_driver_names_the_hint() -> None:
     register_driver("broken-test-driver", "n5fs.no_such_module:Store")
     with pytest.raises(InvalidSource, match="cannot load"):
         driver_class("broken-test-driver")
+
+
+# -- URLs that are typos, and what the messages offer instead ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "meant"),
+    [
+        ("s3:/bucket/x", "s3://bucket/x"),
+        ("s3:bucket/x/", "s3://bucket/x/"),
+        ("s3:/bucket/x.zip|zip:", "s3://bucket/x.zip"),
+        ("file:/data/vol", "file:///data/vol"),
+        ("memory:/pre", "memory://pre"),
+    ],
+)
+def test_a_url_with_slashes_missing_is_refused_not_taken_for_a_path(
+    source: str, meant: str
+) -> None:
+    with pytest.raises(InvalidSource) as info:
+        parse_url(source)
+    assert f"did you mean {meant}?" in str(info.value)
+
+
+def test_names_with_a_colon_stay_local_paths(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(str(tmp_path))
+    assert parse_url("run:3/x") == FileSpec(path=os.path.join(str(tmp_path), "run:3/x"))
+    assert parse_url("./s3:/b") == FileSpec(path=os.path.join(str(tmp_path), "s3:/b"))
+
+
+@pytest.mark.parametrize("source", ["ftp://x/", "gs:/bucket/x", "https://host/x.zip|zip:"])
+def test_unknown_scheme_lists_every_accepted_form(source: str) -> None:
+    with pytest.raises(InvalidSource) as info:
+        parse_spec(source)
+    message = str(info.value)
+    assert "unknown URL scheme" in message
+    for form in ("local path", "file:///", "s3://", "memory://", "demo:", "|zip:", "JSON"):
+        assert form in message, form
+
+
+def test_demo_and_zip_alone_are_explained() -> None:
+    with pytest.raises(InvalidSource, match="built-in demo store"):
+        parse_url("demo:")
+    with pytest.raises(InvalidSource, match="'zip:' is an adapter"):
+        parse_url("zip:inner/")
+
+
+# -- n5fs's own S3 knobs ------------------------------------------------------------------------
+
+
+def test_s3_timeouts_round_trip_and_stay_out_of_default_specs() -> None:
+    obj = {
+        "driver": "s3",
+        "bucket": "b",
+        "path": "p/",
+        "connect_timeout": 1.5,
+        "read_timeout": 30.0,
+        "max_retries": 0,
+    }
+    spec = parse_spec(obj)
+    assert isinstance(spec, S3Spec)
+    assert (spec.connect_timeout, spec.read_timeout, spec.max_attempts) == (1.5, 30.0, 1)
+    assert spec.to_json() == obj
+    assert parse_url(spec.to_url()).location == spec.location
+    plain = S3Spec(bucket="b")
+    assert set(plain.to_json()) == {"driver", "bucket", "path"}  # what TensorStore accepts
+    assert (plain.connect_timeout, plain.read_timeout, plain.max_retries) == (2.0, 4.0, 1)
+    assert parse_spec({"driver": "s3", "bucket": "b", "read_timeout": 5}) == S3Spec(
+        bucket="b", read_timeout=5.0
+    )
+
+
+@pytest.mark.parametrize(
+    ("member", "value", "words"),
+    [
+        ("connect_timeout", 0, "more than 0 seconds"),
+        ("read_timeout", -1.0, "more than 0 seconds"),
+        ("read_timeout", "5", "number of seconds"),
+        ("read_timeout", True, "number of seconds"),
+        ("max_retries", -1, "between 0 and 20"),
+        ("max_retries", 1.5, "whole number"),
+    ],
+)
+def test_bad_s3_timeouts_say_why(member: str, value: object, words: str) -> None:
+    with pytest.raises(InvalidSource) as info:
+        parse_spec({"driver": "s3", "bucket": "b", member: value})
+    assert words in str(info.value)
+    assert repr(member) in str(info.value)

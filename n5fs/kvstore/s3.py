@@ -3,7 +3,32 @@
 Keys live under the spec's ``path`` (a prefix: ``"vol"`` and ``"vol/"`` both mean the
 folder ``vol/``). Durability: ``set`` is one PUT, or above :data:`MULTIPART_THRESHOLD` a
 multipart upload that is completed only once every part is in (and aborted otherwise), so a
-reader never sees a torn value. Errors are translated once, here, by :func:`translate`.
+reader never sees a torn value. Every multipart upload is journaled, so one that a killed
+process left is aborted by a later :meth:`S3Store.sweep` (:mod:`n5fs.kvstore.s3_uploads`).
+Errors are translated once, by :func:`~n5fs.kvstore.s3_errors.translate`.
+
+Timeouts. An endpoint that accepts connections but never answers must cost a POSIX call an
+EIO, not a hang: one FUSE call may make two S3 requests one after the other (a LIST, then a
+batch of parallel GETs), and should answer within 30 s, so one request gets at most ~12 s
+with its retries. The defaults (:class:`~n5fs.kvstore.spec.S3Spec`): connect 2 s (a TCP
+handshake takes milliseconds; 2 s still covers one lost SYN, retransmitted after 1 s), read
+4 s (the longest S3 keeps a client waiting between two bytes of an answer is well under that;
+AWS even sends whitespace while a long CopyObject or CompleteMultipartUpload runs), and one
+retry: 2 attempts x (2 s + 4 s) + the retry's backoff (under 0.1 s for anything but
+throttling) = ~12 s. The read timeout bounds each wait on the socket, not a transfer: a GET
+of many megabytes that keeps streaming never times out. A server that stays silent longer
+during a large copy needs a larger ``read_timeout``; a slow link, a larger
+``connect_timeout``; a flaky one, more ``max_retries`` (flags ``--s3-connect-timeout``,
+``--s3-read-timeout``, ``--s3-retries``). DNS lookups are not bounded by these timeouts.
+
+Timestamps. :meth:`S3Store.set_mtime` stores the time as user metadata ``x-amz-meta-mtime``
+(seconds with nine decimals, ``1700000000.250000000``: rclone writes and reads it so, and
+s3fs-fuse, which reads whole seconds with an optional ``.nanoseconds``, reads it too), by
+copying the object onto itself with new metadata. ``stat`` (HEAD) reports that time when
+the object carries one (whole seconds of s3fs-fuse, fractional ones of rclone), else
+LastModified; ``list`` reports LastModified, since a LIST carries no user metadata. ``copy``
+and so ``rename`` keep the source's time (and content type, cache and encoding headers, user
+metadata, storage class); object ACLs are not copied (the copy gets the bucket's default).
 
 Limitations: S3 has no empty prefixes (a folder exists through its keys); objects whose
 names are not valid keys (``dir/`` console markers, ``a//b``, ``./x``) are invisible to
@@ -27,17 +52,15 @@ from botocore import UNSIGNED
 from botocore import exceptions as bce
 from botocore.config import Config
 
-from n5fs.errors import (
-    AccessDenied,
-    InvalidSource,
-    KeyNotFound,
-    N5fsError,
-    NotSupported,
-    StoreUnavailable,
-)
+from n5fs.errors import InvalidSource, KeyNotFound, N5fsError, NotSupported
+from n5fs.kvstore import s3_uploads
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, slice_bytes
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix
+from n5fs.kvstore.s3_errors import ABSENT, EMPTY_RANGE, error_code, translate, unwrapped
+from n5fs.kvstore.s3_headers import copy_args, mtime_of
+from n5fs.kvstore.s3_uploads import Upload, UploadJournal
 from n5fs.kvstore.spec import S3Spec
+from n5fs.kvstore.tempnames import Leftover, Liveness, liveness
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -50,113 +73,11 @@ MULTIPART_THRESHOLD = 16 * MiB
 PART_SIZE = 16 * MiB
 #: the largest object a single CopyObject may copy; above it, a multipart copy
 SINGLE_COPY_LIMIT = 5 * 1024 * MiB
-#: S3 caps a multipart upload at 10,000 parts and DeleteObjects at 1,000 keys
-_MAX_PARTS = 10_000
+#: S3 caps DeleteObjects at 1,000 keys
 _DELETE_BATCH = 1000
-_PARTS_IN_FLIGHT = 4
 _TRANSFER_THREADS = 8
 
-# -- the error table (STYLE P4) --------------------------------------------------------------
-
-#: S3 error codes (and bare HTTP statuses, which HEAD answers carry) -> our error classes
-ERROR_CODES: Mapping[str, type[N5fsError]] = {
-    "NoSuchKey": KeyNotFound,
-    "NotFound": KeyNotFound,
-    "404": KeyNotFound,
-    "NoSuchBucket": KeyNotFound,
-    "AccessDenied": AccessDenied,
-    "AllAccessDisabled": AccessDenied,
-    "AccountProblem": AccessDenied,
-    "InvalidAccessKeyId": AccessDenied,
-    "SignatureDoesNotMatch": AccessDenied,
-    "ExpiredToken": AccessDenied,
-    "InvalidToken": AccessDenied,
-    "RequestTimeTooSkewed": AccessDenied,
-    "403": AccessDenied,
-    "SlowDown": StoreUnavailable,
-    "Throttling": StoreUnavailable,
-    "ServiceUnavailable": StoreUnavailable,
-    "InternalError": StoreUnavailable,
-    "RequestTimeout": StoreUnavailable,
-    "429": StoreUnavailable,
-    "500": StoreUnavailable,
-    "502": StoreUnavailable,
-    "503": StoreUnavailable,
-    "504": StoreUnavailable,
-    "MethodNotAllowed": NotSupported,
-    "NotImplemented": NotSupported,
-    "501": NotSupported,
-}
-#: GET answers for a key that is absent (the hot path: no exception leaves the store)
-_ABSENT = frozenset({"NoSuchKey", "NotFound", "404"})
-#: GET answers for a range that starts past the end (or any range of an empty object)
-_EMPTY_RANGE = frozenset({"InvalidRange", "416"})
-
-_BOTOCORE: tuple[tuple[tuple[type[Exception], ...], type[N5fsError]], ...] = (
-    ((bce.ConnectionError, bce.HTTPClientError, bce.IncompleteReadError), StoreUnavailable),
-    (
-        (
-            bce.NoCredentialsError,
-            bce.PartialCredentialsError,
-            bce.CredentialRetrievalError,
-            bce.TokenRetrievalError,
-            bce.NoAuthTokenError,
-        ),
-        AccessDenied,
-    ),
-    (
-        (
-            bce.ProfileNotFound,
-            bce.ConfigParseError,
-            bce.NoRegionError,
-            bce.InvalidRegionError,
-            bce.InvalidDNSNameError,
-            bce.ParamValidationError,
-        ),
-        InvalidSource,
-    ),
-)
-
-
-def error_code(exc: bce.ClientError) -> str:
-    """The S3 error code of a ClientError, else its HTTP status as text."""
-    code = str(exc.response.get("Error", {}).get("Code", ""))
-    if code:
-        return code
-    return str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-
-
-def _class_of(exc: BaseException) -> tuple[type[N5fsError], str]:
-    if isinstance(exc, bce.ClientError):
-        code = error_code(exc)
-        if code in ERROR_CODES:
-            return ERROR_CODES[code], code
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        return ERROR_CODES.get(str(status), N5fsError), code or "error"
-    for kinds, cls in _BOTOCORE:
-        if isinstance(exc, kinds):
-            return cls, type(exc).__name__
-    return N5fsError, type(exc).__name__
-
-
-def unwrapped(exc: BaseException) -> BaseException:
-    """The ClientError behind boto3's S3UploadFailedError, which re-raises without the code."""
-    if isinstance(exc, S3UploadFailedError) and isinstance(exc.__context__, bce.ClientError):
-        return exc.__context__
-    return exc
-
-
-def translate(exc: BaseException, where: str, key: str = "") -> N5fsError:
-    """Our error for a boto3/botocore failure; ``where`` names the store (bucket, endpoint).
-
-    Callers ``raise translate(e, ...) from e`` so the boto3 exception stays as ``__cause__``.
-    """
-    cls, code = _class_of(exc)
-    if code == "NoSuchBucket":
-        return cls(f"s3 bucket does not exist: {where} (NoSuchBucket)")
-    what = f" for key {key!r}" if key else ""
-    return cls(f"s3 {code}{what} in {where}: {exc}")
-
+__all__ = ["MiB", "S3Store", "error_code", "translate"]
 
 # -- the store -------------------------------------------------------------------------------
 
@@ -168,16 +89,17 @@ def _custom_endpoint(spec: S3Spec) -> bool:
     )
 
 
-def _client_for(spec: S3Spec, max_workers: int, max_attempts: int) -> Any:
-    """A thread-safe boto3 client: the spec's endpoint, region, profile and credentials.
+def _client_for(spec: S3Spec, max_workers: int) -> Any:
+    """A thread-safe boto3 client: the spec's endpoint, region, profile, credentials,
+    timeouts and retries (module docstring).
 
     Its connection pool has room for the store's workers plus one transfer (``put_file``,
     managed copy), so neither waits on a socket held by the other.
     """
     config = Config(
-        retries={"max_attempts": max_attempts, "mode": "standard"},
-        connect_timeout=10,
-        read_timeout=60,
+        retries={"total_max_attempts": spec.max_attempts, "mode": "standard"},
+        connect_timeout=spec.connect_timeout,
+        read_timeout=spec.read_timeout,
         max_pool_connections=max_workers + _TRANSFER_THREADS,
         s3={"addressing_style": "path"} if _custom_endpoint(spec) else {},
         signature_version=UNSIGNED if spec.anonymous else None,
@@ -195,13 +117,14 @@ class S3Store(KvStore):
     """An S3 bucket and prefix. ``get_many`` and multipart parts share one bounded pool."""
 
     spec_type: ClassVar[type[S3Spec]] = S3Spec
+    #: a LIST carries LastModified, not the ``mtime`` metadata: ``stat`` reports that
+    listing_mtimes: ClassVar[bool] = False
 
     def __init__(
         self,
         spec: S3Spec,
         *,
         max_workers: int = 16,
-        max_attempts: int = 4,
         multipart_threshold: int = MULTIPART_THRESHOLD,
         part_size: int = PART_SIZE,
         single_copy_limit: int = SINGLE_COPY_LIMIT,
@@ -210,7 +133,7 @@ class S3Store(KvStore):
             raise InvalidSource(f"S3 parts are at least 5 MiB, got part_size={part_size}")
         self._spec = spec
         self._prefix = dir_prefix(spec.path) if spec.path else ""
-        self._client = _client_for(spec, max_workers, max_attempts)
+        self._client = _client_for(spec, max_workers)
         self._max_workers = max_workers
         self._threshold = multipart_threshold
         self._part_size = part_size
@@ -218,6 +141,10 @@ class S3Store(KvStore):
         self._payer: dict[str, str] = {"RequestPayer": "requester"} if spec.requester_pays else {}
         self._pool_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._journal = UploadJournal()
+        s3_uploads.watch_uploads(self._client, self._journal)
+        #: the uploads behind each leftover reported (remove_leftover aborts them)
+        self._reported: dict[Leftover, list[Upload]] = {}
 
     @classmethod
     def from_spec(cls, spec: S3Spec) -> S3Store:
@@ -285,9 +212,9 @@ class S3Store(KvStore):
                 response = self._call("get_object", Key=full, **extra)
             except bce.ClientError as exc:
                 code = error_code(exc)
-                if code in _ABSENT:
+                if code in ABSENT:
                     return None
-                if code in _EMPTY_RANGE:
+                if code in EMPTY_RANGE:
                     return b""
                 raise
             data: bytes = response["Body"].read()
@@ -296,15 +223,20 @@ class S3Store(KvStore):
         return data
 
     def stat(self, key: str) -> KeyInfo | None:
+        """Size and time from a HEAD: the ``mtime`` metadata if any, else LastModified."""
+        head = self._head(key)
+        return None if head is None else KeyInfo(key, int(head["ContentLength"]), mtime_of(head))
+
+    def _head(self, key: str) -> dict[str, Any] | None:
         full = self._full(key)
         with self._errors(key):
             try:
-                head = self._call("head_object", Key=full)
+                head: dict[str, Any] = self._call("head_object", Key=full)
             except bce.ClientError as exc:
-                if error_code(exc) in _ABSENT:
+                if error_code(exc) in ABSENT:
                     return None
                 raise
-        return KeyInfo(key, int(head["ContentLength"]), head["LastModified"].timestamp())
+        return head
 
     def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
         check_prefix(prefix)
@@ -361,56 +293,19 @@ class S3Store(KvStore):
             if len(value) < self._threshold:
                 self._call("put_object", Key=full, Body=bytes(value))
             else:
-                self._multipart(full, memoryview(value).cast("B"))
+                s3_uploads.upload_in_parts(
+                    self._call,
+                    self._executor(),
+                    full,
+                    memoryview(value).cast("B"),
+                    self._part_size,
+                    self._checksum(),
+                )
 
     def _checksum(self) -> dict[str, str]:
         """Mirror s3transfer: with default flexible checksums, parts carry a CRC32."""
         when = getattr(self._client.meta.config, "request_checksum_calculation", None)
         return {"ChecksumAlgorithm": "CRC32"} if when == "when_supported" else {}
-
-    def _multipart(self, full: str, data: memoryview) -> None:
-        """Upload parts on the pool; complete only when all are in, else abort.
-
-        Parts go in windows of :data:`_PARTS_IN_FLIGHT`: botocore needs ``bytes`` bodies, so
-        each part in flight is a copy, and the windows bound that extra memory.
-        """
-        size = max(self._part_size, -(-len(data) // _MAX_PARTS))
-        checksum = self._checksum()
-        upload = self._call("create_multipart_upload", Key=full, **checksum)["UploadId"]
-
-        def put_part(number: int) -> dict[str, Any]:
-            body = bytes(data[(number - 1) * size : number * size])
-            answer = self._call(
-                "upload_part", Key=full, UploadId=upload, PartNumber=number, Body=body, **checksum
-            )
-            part = {"ETag": answer["ETag"], "PartNumber": number}
-            if "ChecksumCRC32" in answer and checksum:
-                part["ChecksumCRC32"] = answer["ChecksumCRC32"]
-            return part
-
-        numbers = range(1, -(-len(data) // size) + 1)
-        parts: list[dict[str, Any]] = []
-        try:
-            for start in range(0, len(numbers), _PARTS_IN_FLIGHT):
-                window = numbers[start : start + _PARTS_IN_FLIGHT]
-                parts.extend(self._executor().map(put_part, window))
-            self._call(
-                "complete_multipart_upload",
-                Key=full,
-                UploadId=upload,
-                MultipartUpload={"Parts": parts},
-            )
-        except BaseException:
-            self._abort(full, upload)
-            raise
-
-    def _abort(self, full: str, upload: str) -> None:
-        try:
-            self._call("abort_multipart_upload", Key=full, UploadId=upload)
-        except (bce.BotoCoreError, bce.ClientError):
-            log.warning(
-                "s3: could not abort upload %s of %r in %s", upload, full, self.where, exc_info=True
-            )
 
     def _transfer_config(self) -> TransferConfig:
         return TransferConfig(
@@ -440,26 +335,50 @@ class S3Store(KvStore):
             self._call("delete_object", Key=full)
 
     def copy(self, src: str, dst: str) -> None:
-        """Server-side: CopyObject up to 5 GiB, a managed multipart copy above."""
+        """Server-side: CopyObject up to 5 GiB, a managed multipart copy above. The copy
+        keeps the source's time (as ``mtime`` metadata) and headers (module docstring)."""
         source, target = self._full(src), self._full(dst)
         self._check_writable(dst)
-        info = self.stat(src)
-        if info is None:
+        head = self._head(src)
+        if head is None:
             raise KeyNotFound(f"copy source {src!r} does not exist in {self.where}")
         if source == target:
             return
-        origin = {"Bucket": self._spec.bucket, "Key": source}
         with self._errors(src):
-            if info.size <= self._copy_limit:
-                self._call("copy_object", Key=target, CopySource=origin)
-            else:
-                self._client.copy(
-                    origin,
-                    self._spec.bucket,
-                    target,
-                    ExtraArgs=dict(self._payer) or None,
-                    Config=self._transfer_config(),
-                )
+            self._copy(source, target, head, copy_args(head, mtime_of(head)))
+
+    def set_mtime(self, key: str, mtime: float) -> None:
+        """Store ``mtime`` as the object's ``mtime`` metadata: a copy onto itself with the
+        metadata replaced (its other headers kept). If the object changes meanwhile, the
+        new value keeps its own time."""
+        full = self._full(key)
+        self._check_writable(key)
+        head = self._head(key)
+        if head is None:
+            raise KeyNotFound(f"cannot set the time of {key!r}: absent in {self.where}")
+        args = {**copy_args(head, mtime), "CopySourceIfMatch": head["ETag"]}
+        with self._errors(key):
+            try:
+                self._copy(full, full, head, args)
+            except bce.ClientError as exc:
+                if error_code(exc) not in ("PreconditionFailed", "412"):
+                    raise
+                log.debug("s3: %r changed while its time was set; it keeps its own", key)
+
+    def _copy(
+        self, source: str, target: str, head: Mapping[str, Any], args: dict[str, Any]
+    ) -> None:
+        origin = {"Bucket": self._spec.bucket, "Key": source}
+        if int(head["ContentLength"]) <= self._copy_limit:
+            self._call("copy_object", Key=target, CopySource=origin, **args)
+            return
+        self._client.copy(
+            origin,
+            self._spec.bucket,
+            target,
+            ExtraArgs={**self._payer, **args},
+            Config=self._transfer_config(),
+        )
 
     def delete_prefix(self, prefix: str) -> int:
         """Page by page: every object under ``prefix`` (markers included), 1,000 a request."""
@@ -472,6 +391,22 @@ class S3Store(KvStore):
                 removed += self._delete_batch(names[start : start + _DELETE_BATCH])
         return removed
 
+    def copy_many(self, pairs: Sequence[tuple[str, str]]) -> None:
+        """Server-side copies on the store's pool (a folder rename moves keys this way)."""
+        if len(pairs) <= 1:
+            for src, dst in pairs:
+                self.copy(src, dst)
+            return
+        for _ in self._executor().map(lambda pair: self.copy(*pair), pairs):
+            pass  # re-raises the first failure
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """DeleteObjects, 1,000 keys a request."""
+        self._check_writable(keys[0] if keys else "/")
+        names = [self._full(key) for key in keys]
+        for start in range(0, len(names), _DELETE_BATCH):
+            self._delete_batch(names[start : start + _DELETE_BATCH])
+
     def _delete_batch(self, names: Sequence[str]) -> int:
         objects = [{"Key": name} for name in names]
         with self._errors(names[0]):
@@ -482,6 +417,85 @@ class S3Store(KvStore):
             fake = bce.ClientError({"Error": first}, "DeleteObjects")
             raise translate(fake, self.where, first.get("Key", "")[len(self._prefix) :])
         return len(names)
+
+    # -- leftovers of killed writers: multipart uploads ------------------------------------
+
+    def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
+        """The incomplete multipart uploads under ``prefix``; ``dead`` as
+        :func:`~n5fs.kvstore.s3_uploads.upload_is_dead` decides."""
+        return self._scan_uploads(prefix)[0]
+
+    def _scan_uploads(self, prefix: str) -> tuple[tuple[Leftover, ...], frozenset[Upload]]:
+        """The leftovers under ``prefix``, and every upload the server listed there."""
+        check_prefix(prefix)
+        owners = s3_uploads.owners_of(self._journal.writers())
+        found: dict[Leftover, list[Upload]] = {}
+        present: list[Upload] = []
+        for item in self._uploads_under(self._prefix + prefix):
+            upload = Upload(self._spec.bucket, item["Key"], item["UploadId"])
+            present.append(upload)
+            path = upload.key[len(self._prefix) :]
+            leftover = s3_uploads.leftover_of(upload, item["Initiated"].timestamp(), path, owners)
+            found.setdefault(leftover, []).append(upload)
+        with self._pool_lock:
+            self._reported.update(found)
+        return tuple(sorted(found, key=lambda lo: (lo.path, lo.mtime))), frozenset(present)
+
+    def _uploads_under(self, full_prefix: str) -> Iterator[dict[str, Any]]:
+        """ListMultipartUploads, page by page; nothing where the server has no such call."""
+        paginator = self._client.get_paginator("list_multipart_uploads")
+        pages = paginator.paginate(Bucket=self._spec.bucket, Prefix=full_prefix, **self._payer)
+        try:
+            with self._errors(full_prefix):
+                for page in pages:
+                    yield from page.get("Uploads", ())
+        except NotSupported as exc:
+            log.debug("s3: cannot list multipart uploads in %s: %s", self.where, exc)
+
+    def remove_leftover(self, leftover: Leftover) -> None:
+        """Abort the upload(s) behind ``leftover``, and drop them from dead writers' journals."""
+        self._check_writable(leftover.path or "/")
+        with self._pool_lock:
+            uploads = self._reported.pop(leftover, None)
+        if uploads is None:  # reported by another store object: find it again
+            full = self._prefix + leftover.path
+            uploads = [
+                Upload(self._spec.bucket, item["Key"], item["UploadId"])
+                for item in self._uploads_under(full)
+                if item["Key"] == full and item["Initiated"].timestamp() == leftover.mtime
+            ]
+        for upload in uploads:
+            with self._errors(leftover.path):
+                try:
+                    self._call("abort_multipart_upload", Key=upload.key, UploadId=upload.upload_id)
+                except bce.ClientError as exc:
+                    if error_code(exc) not in ("NoSuchUpload", "404"):
+                        raise
+        self._prune_journals(lambda upload: upload in uploads)
+
+    def sweep(self, prefix: str = "") -> tuple[Leftover, ...]:
+        """Abort the uploads of dead writers under ``prefix``; then drop the journal lines of
+        dead writers whose uploads under ``prefix`` are gone from the server."""
+        leftovers, present = self._scan_uploads(prefix)
+        removed = []
+        for leftover in leftovers:
+            if leftover.dead:
+                self.remove_leftover(leftover)
+                removed.append(leftover)
+        under = self._prefix + prefix
+        self._prune_journals(
+            lambda up: (
+                up.bucket == self._spec.bucket and up.key.startswith(under) and up not in present
+            )
+        )
+        return tuple(removed)
+
+    def _prune_journals(self, gone: Callable[[Upload], bool]) -> None:
+        """Drop the uploads ``gone`` accepts from the journals of dead writers."""
+        for writer, uploads in self._journal.writers().items():
+            stale = {upload for upload in uploads if gone(upload)}
+            if stale and liveness(writer) is Liveness.DEAD:
+                self._journal.drop(writer, stale)
 
     def close(self) -> None:
         with self._pool_lock:

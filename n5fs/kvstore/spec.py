@@ -4,6 +4,10 @@ JSON follows TensorStore's kvstore specs (``{"driver": "s3", "bucket": ..., "pat
 URLs follow its pipeline syntax: a root URL, then ``|``-separated adapters
 (``s3://bucket/x.zip|zip:inner/``). ``path`` is always the prefix inside the store (for a zip
 ``base``, the archive's own key). URLs may drop knobs (endpoint, credentials); JSON keeps all.
+
+n5fs's own S3 knobs (``connect_timeout``, ``read_timeout``, ``max_retries``: see
+:mod:`n5fs.kvstore.s3` for their defaults) appear in the JSON only when they differ from the
+defaults, so a spec that uses none of them stays one TensorStore accepts.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -138,9 +144,42 @@ class FileSpec(StoreSpec):
         return cls(path=path)
 
 
+#: S3 request limits; :mod:`n5fs.kvstore.s3` explains the choice (one unresponsive request
+#: must fail within ~12 s, so that a POSIX call answers EIO within 30 s)
+S3_CONNECT_TIMEOUT = 2.0
+S3_READ_TIMEOUT = 4.0
+S3_MAX_RETRIES = 1
+#: the most retries a spec may ask for (each costs up to connect + read timeout)
+S3_RETRY_LIMIT = 20
+
+
+def _seconds(value: object, name: str) -> float:
+    """A positive, finite number of seconds (a timeout of 0 would make sockets non-blocking)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidSource(f"s3 spec: {name!r} must be a number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise InvalidSource(f"s3 spec: {name!r} must be more than 0 seconds, got {value!r}")
+    return float(value)
+
+
+def _retries(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSource(f"s3 spec: 'max_retries' must be a whole number, got {value!r}")
+    if not 0 <= value <= S3_RETRY_LIMIT:
+        raise InvalidSource(
+            f"s3 spec: 'max_retries' must be between 0 and {S3_RETRY_LIMIT}, got {value}"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class S3Spec(StoreSpec):
-    """An S3 bucket and prefix; credentials from boto3's chain unless ``anonymous``."""
+    """An S3 bucket and prefix; credentials from boto3's chain unless ``anonymous``.
+
+    ``connect_timeout`` and ``read_timeout`` (seconds; the read timeout bounds each wait for
+    the server, not a whole transfer) and ``max_retries`` (after the first attempt) bound
+    how long one request may take on an unresponsive server.
+    """
 
     driver: ClassVar[str] = "s3"
     url_scheme: ClassVar[str] = "s3"
@@ -150,14 +189,27 @@ class S3Spec(StoreSpec):
     profile: str | None = None
     anonymous: bool = False
     requester_pays: bool = False
+    connect_timeout: float = S3_CONNECT_TIMEOUT
+    read_timeout: float = S3_READ_TIMEOUT
+    max_retries: int = S3_MAX_RETRIES
 
     def __post_init__(self) -> None:
         if not self.bucket or "/" in self.bucket:
             raise InvalidSource(f"s3 spec needs a bucket name, got {self.bucket!r}")
+        object.__setattr__(
+            self, "connect_timeout", _seconds(self.connect_timeout, "connect_timeout")
+        )
+        object.__setattr__(self, "read_timeout", _seconds(self.read_timeout, "read_timeout"))
+        _retries(self.max_retries)
 
     @property
     def location(self) -> tuple[Any, ...]:
         return (self.driver, self.bucket, self.path)
+
+    @property
+    def max_attempts(self) -> int:
+        """Attempts per request, the first included."""
+        return self.max_retries + 1
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"driver": "s3", "bucket": self.bucket, "path": self.path}
@@ -171,6 +223,12 @@ class S3Spec(StoreSpec):
             out["aws_credentials"] = {"type": "profile", "profile": self.profile}
         if self.requester_pays:
             out["requester_pays"] = True
+        if self.connect_timeout != S3_CONNECT_TIMEOUT:
+            out["connect_timeout"] = self.connect_timeout
+        if self.read_timeout != S3_READ_TIMEOUT:
+            out["read_timeout"] = self.read_timeout
+        if self.max_retries != S3_MAX_RETRIES:
+            out["max_retries"] = self.max_retries
         return out
 
     def to_url(self) -> str:
@@ -188,6 +246,9 @@ class S3Spec(StoreSpec):
                 "aws_credentials",
                 "requester_pays",
                 "host_header",
+                "connect_timeout",
+                "read_timeout",
+                "max_retries",
             },
         )
         creds = obj.get("aws_credentials") or {}
@@ -207,6 +268,9 @@ class S3Spec(StoreSpec):
             profile=_optional_str(creds, "profile") if kind == "profile" else None,
             anonymous=kind == "anonymous",
             requester_pays=requester_pays,
+            connect_timeout=obj.get("connect_timeout", S3_CONNECT_TIMEOUT),
+            read_timeout=obj.get("read_timeout", S3_READ_TIMEOUT),
+            max_retries=obj.get("max_retries", S3_MAX_RETRIES),
         )
 
     @classmethod
@@ -296,6 +360,22 @@ def parse_spec(obj: object) -> StoreSpec:
     return spec_class(driver).from_json(obj)
 
 
+#: every form a SOURCE may take, for the messages that refuse one
+SOURCE_FORMS = (
+    "a local path (/data/volume, ./volume)",
+    "file:///abs/path/",
+    "s3://bucket/prefix/",
+    "memory://",
+    "demo: (the built-in demo store, as a SOURCE of the n5fs commands)",
+    (
+        "a zip archive's URL or path followed by |zip: or |zip:inner/prefix/ "
+        "(file:///data/x.zip|zip:, s3://bucket/x.zip|zip:inner/)"
+    ),
+    'a JSON kvstore spec ({"driver": "s3", "bucket": "...", "path": "..."})',
+)
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(.*)", re.DOTALL)
+
+
 def parse_url(url: str) -> StoreSpec:
     """Parse a URL pipeline: a root (``scheme://...`` or a bare local path), then adapters."""
     if not url:
@@ -307,6 +387,7 @@ def parse_url(url: str) -> StoreSpec:
         cls = _url_class(scheme, root=True)
         spec = cls.from_url(rest, None)
     else:
+        _refuse_misspelt_url(root)
         spec = FileSpec(
             path=os.path.abspath(os.path.expanduser(root)) + ("/" if root.endswith("/") else "")
         )
@@ -318,10 +399,41 @@ def parse_url(url: str) -> StoreSpec:
     return spec
 
 
+def _refuse_misspelt_url(root: str) -> None:
+    """A root that looks like a URL without its ``//`` (``s3:/bucket/x``, ``file:/data``) is a
+    typo, not a relative local path to create: refuse it, saying what was meant. A name with
+    a colon that is no known scheme and no ``name:/...`` (``run:3``) stays a local path."""
+    found = _SCHEME.fullmatch(root)
+    if found is None:
+        return
+    scheme, rest = found.groups()
+    known = {cls.url_scheme for cls in _BUILTIN.values()}
+    if scheme == "demo":
+        raise InvalidSource(
+            f"{root!r}: demo: is the built-in demo store, a SOURCE of the n5fs commands on its "
+            "own (n5fs mount demo: DIR), with no path or adapter and not a store URL"
+        )
+    if scheme == ZipSpec.url_scheme:
+        ZipSpec.from_url(rest, None)  # says that zip: is an adapter
+    if scheme in known:
+        slashes = "///" if scheme == FileSpec.url_scheme else "//"
+        raise InvalidSource(
+            f"{root!r} is a URL with slashes missing: did you mean "
+            f"{scheme}:{slashes}{rest.lstrip('/')}? (a local path of that name: ./{root})"
+        )
+    if rest.startswith("/"):
+        _url_class(scheme, root=True)  # an unknown scheme: the message lists the known forms
+
+
 def _url_class(scheme: str, *, root: bool) -> type[StoreSpec]:
     for cls in _BUILTIN.values():
         if cls.url_scheme == scheme and (cls is ZipSpec) != root:
             return cls
-    kinds = [c.url_scheme for c in _BUILTIN.values() if (c is ZipSpec) != root]
-    what = "scheme" if root else "adapter"
-    raise InvalidSource(f"unknown URL {what} {scheme!r}; known: {', '.join(kinds)}")
+    if root:
+        raise InvalidSource(
+            f"unknown URL scheme {scheme!r}; a source is one of: {'; '.join(SOURCE_FORMS)}"
+        )
+    raise InvalidSource(
+        f"unknown URL adapter {scheme!r}; the one adapter is zip:, after the URL or path of a "
+        "zip archive: file:///data/x.zip|zip: or s3://bucket/x.zip|zip:inner/prefix/"
+    )
