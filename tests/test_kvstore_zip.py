@@ -4,10 +4,13 @@ rewritten atomically on flush; plus the shared KvStore contract over memory, fil
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import os
 import struct
+import subprocess
+import sys
 import threading
 import tracemalloc
 import zipfile
@@ -21,12 +24,14 @@ from hypothesis import strategies as st
 from n5fs.errors import (
     InvalidKey,
     N5fsError,
+    NoSpace,
     NotSupported,
     ReadOnly,
     StoreCorrupt,
     StoreUnavailable,
+    errno_of,
 )
-from n5fs.kvstore import open_store, zipwriter
+from n5fs.kvstore import open_store, tempnames, ziprewrite, zipwriter
 from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
@@ -584,6 +589,189 @@ def test_readers_during_flushes_see_whole_values() -> None:
     assert unzip(archive_of(mem))["fixed/7"] == fixed["fixed/7"]
 
 
+# -- where rewrites write, what they leave, how they fail ----------------------------------------
+
+
+class MovingFileStore(FileStore):
+    """Remembers the local files put or moved into place."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.moved: list[str] = []
+        self.put: list[str] = []
+
+    def move_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        self.moved.append(os.fspath(path))
+        super().move_file(key, path)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        self.put.append(os.fspath(path))
+        super().put_file(key, path)
+
+
+class PuttingStore(ForwardingStore):
+    """Remembers the local files put into the base (and what they were named)."""
+
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self.put: list[str] = []
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        self.put.append(os.fspath(path))
+        self.inner.put_file(key, path)
+
+
+def test_file_base_rewrites_beside_the_archive_and_renames(tmp_path: Path) -> None:
+    base = MovingFileStore(tmp_path / "root")
+    (tmp_path / "root" / "arch").mkdir(parents=True)
+    (tmp_path / "root" / ARCHIVE).write_bytes(make_zip({"k": b"old"}))
+    store = ZipStore(base, ARCHIVE, tmp_dir=str(tmp_path / "elsewhere"))
+    store.set("k", b"new")
+    store.flush()
+    assert base.put == []
+    [moved] = base.moved
+    folder, name = os.path.split(moved)
+    assert folder == str(tmp_path / "root" / "arch")  # same filesystem: a rename
+    assert name.startswith(".a.zip.n5fs~")
+    assert tempnames.is_partial(name)
+    assert tempnames.writer_of(name) == tempnames.current()
+    assert os.listdir(tmp_path / "root" / "arch") == ["a.zip"]
+    assert unzip((tmp_path / "root" / ARCHIVE).read_bytes()) == {"k": b"new"}
+
+
+def test_file_base_creates_a_new_archive_in_a_new_folder(tmp_path: Path) -> None:
+    store = ZipStore(FileStore(tmp_path / "root"), "new/dir/a.zip")
+    store.set("k", b"v")
+    store.flush()
+    assert os.listdir(tmp_path / "root" / "new" / "dir") == ["a.zip"]
+    assert unzip((tmp_path / "root" / "new/dir/a.zip").read_bytes()) == {"k": b"v"}
+
+
+def test_other_bases_write_a_writer_tagged_temp_archive_in_tmp_dir(tmp_path: Path) -> None:
+    base = PuttingStore(MemoryStore())
+    store = ZipStore(base, ARCHIVE, tmp_dir=str(tmp_path))
+    store.set("k", b"v")
+    store.flush()
+    [put] = base.put
+    folder, name = os.path.split(put)
+    assert folder == str(tmp_path)
+    assert name.startswith(".n5fs-zip-")
+    assert "-a.zip.n5fs~" in name
+    assert tempnames.writer_of(name) == tempnames.current()
+    assert os.listdir(tmp_path) == []
+    other = ZipStore(MemoryStore("x/"), ARCHIVE, tmp_dir=str(tmp_path))
+    assert other._temps.stem != store._temps.stem  # another archive's URL, another name
+
+
+def dead_temp_name(stem: str) -> str:
+    """A temp name made by a process that has exited."""
+    code = "import sys; from n5fs.kvstore.tempnames import temp_name; print(temp_name(sys.argv[1]))"
+    out = subprocess.run(
+        [sys.executable, "-c", code, stem], capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def test_leftovers_beside_the_archive_only_this_archives_and_not_below(tmp_path: Path) -> None:
+    folder = tmp_path / "root" / "arch"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.zip").write_bytes(make_zip({"k": b"v"}))
+    dead = folder / dead_temp_name("a.zip")
+    live = folder / tempnames.temp_name("a.zip")  # this process: a rewrite in flight
+    others = [
+        folder / dead_temp_name("b.zip"),  # another archive's
+        folder / "sub" / dead_temp_name("a.zip"),  # below the folder: not scanned
+        folder / ".a.zip.0123456789abcdef0123456789abcdef.n5fs-partial",  # no writer tag
+    ]
+    for path in (dead, live, *others):
+        path.write_bytes(b"PK half an archive")
+    store = ZipStore(FileStore(tmp_path / "root"), ARCHIVE)
+    found = {leftover.path: leftover for leftover in store.leftovers()}
+    assert set(found) == {f"arch/{dead.name}", f"arch/{live.name}"}
+    assert found[f"arch/{dead.name}"].dead
+    assert not found[f"arch/{live.name}"].dead
+    assert found[f"arch/{dead.name}"].what == "temp archive"
+    assert found[f"arch/{dead.name}"].size == len(b"PK half an archive")
+    assert store.leftovers("sub/") == ()
+    assert [leftover.path for leftover in store.sweep()] == [f"arch/{dead.name}"]
+    assert not dead.exists()
+    assert live.exists()
+    assert all(path.exists() for path in others)
+    assert store.get("k") == b"v"
+
+
+def test_leftovers_in_the_temp_dir_of_other_bases(tmp_path: Path) -> None:
+    store = ZipStore(MemoryStore(), ARCHIVE, tmp_dir=str(tmp_path))
+    other = ZipStore(MemoryStore("x/"), ARCHIVE, tmp_dir=str(tmp_path))
+    dead = tmp_path / dead_temp_name(store._temps.stem)
+    not_ours = tmp_path / dead_temp_name(other._temps.stem)
+    for path in (dead, not_ours):
+        path.write_bytes(b"PK")
+    [leftover] = store.leftovers()
+    assert leftover.path == str(dead)
+    assert leftover.dead
+    assert "pid" in leftover.writer
+    assert store.sweep() == (leftover,)
+    assert os.listdir(tmp_path) == [not_ours.name]
+
+
+def test_remove_leftover_removes_nothing_but_this_archives_temp_archives(tmp_path: Path) -> None:
+    store = ZipStore(FileStore(tmp_path), "a.zip")
+    victim = tmp_path / "precious"
+    victim.write_bytes(b"keep")
+    forged = tempnames.Leftover("precious", "temp archive", 4, 0.0, "nobody", dead=True)
+    with pytest.raises(InvalidKey):
+        store.remove_leftover(forged)
+    outside = tempnames.Leftover(str(victim), "temp archive", 4, 0.0, "nobody", dead=True)
+    with pytest.raises(InvalidKey):
+        ZipStore(MemoryStore(), "a.zip", tmp_dir=str(tmp_path / "t")).remove_leftover(outside)
+    assert victim.read_bytes() == b"keep"
+
+
+def test_size_bound_holds_for_incompressible_and_copied_members() -> None:
+    old = make_zip({"copied": os.urandom(5000), "dir/": b"", "gone": b"g"}, comment=b"c" * 40)
+    mem, store = over_memory(old)
+    store.set("random", os.urandom(70_000))
+    store.set("zeros", bytes(70_000))
+    store.delete("gone")
+    index = store._index_locked()
+    changes = {key: store._overlay[key] for key in store._overlay}
+    kept = [m for m in index.members if m.name not in changes]
+    bound = ziprewrite.size_bound(index.start, kept, changes, index.comment)
+    store.flush()
+    assert len(archive_of(mem)) <= bound < len(archive_of(mem)) + 1000 + 70_000
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "code"),
+    [
+        (lambda msg: PermissionError(errno.EACCES, msg), PermissionError, errno.EACCES),
+        (lambda msg: OSError(errno.EIO, msg), OSError, errno.EIO),
+        (StoreUnavailable, StoreUnavailable, errno.EIO),
+        (lambda msg: OSError(errno.ENOSPC, msg), NoSpace, errno.ENOSPC),
+    ],
+)
+def test_a_failed_rewrite_names_the_archive_and_keeps_its_errno(
+    tmp_path: Path, error: Any, expected: type[Exception], code: int
+) -> None:
+    mem, _ = over_memory(make_zip({"k": b"v"}))
+    faulty = FaultyStore(mem)
+    store = ZipStore(faulty, ARCHIVE, tmp_dir=str(tmp_path))
+    store.set("k", b"w")
+    store.set("j", b"x")
+    faulty.fail("put_file", error)
+    with pytest.raises(expected) as info:
+        store.flush()
+    assert errno_of(info.value) == code
+    assert repr(ARCHIVE) in str(info.value)
+    assert "2 staged change(s) stay pending" in str(info.value)
+    assert "injected fault" in str(info.value)
+    assert os.listdir(tmp_path) == []
+    assert unzip(archive_of(mem)) == {"k": b"v"}
+    store.flush()
+    assert unzip(archive_of(mem)) == {"k": b"w", "j": b"x"}
+
+
 # -- specs ----------------------------------------------------------------------------------------
 
 
@@ -615,6 +803,7 @@ class _ZipContract(KvStoreContract):
     """seed rebuilds the archive with zipfile; peek flushes, then reads it with zipfile."""
 
     many_keys = 1200
+    mtime_resolution = 2.0  # members carry DOS dates
     inner: ClassVar[str] = ""
 
     def native_read(self, store: ZipStore) -> bytes | None:

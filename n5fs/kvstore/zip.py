@@ -11,26 +11,31 @@ Writes collect in an overlay (values past ``spill_threshold``, or past ``memory_
 total, go to anonymous temp files) that reads see first. :meth:`ZipStore.flush` (and
 ``close``) writes a whole new archive to a local temp file (unchanged members copied raw, new
 ones deflated or stored, see :class:`~n5fs.kvstore.zipwriter.ArchiveWriter`; ZIP64 where a
-field needs it), then ``base.put_file`` puts it in place atomically: a failed flush leaves the
-old archive whole and the overlay pending, so a retry can succeed. An absent (or empty)
-archive reads as an empty store and is created by the first flush with changes.
+field needs it) and puts it in place atomically: beside the archive and renamed over it on a
+file base, else in ``tmp_dir`` and uploaded with ``base.put_file``
+(:mod:`~n5fs.kvstore.ziprewrite` owns placement, the space check and failure messages). A
+failed flush raises (:class:`~n5fs.errors.NoSpace` when room runs out) and leaves the old
+archive whole and the overlay pending, so a retry can succeed; :meth:`ZipStore.sweep` removes
+the temp archives of a daemon that was killed mid-rewrite. An absent (or empty) archive reads
+as an empty store and is created by the first flush with changes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from n5fs.errors import InvalidKey, ReadOnly, StoreCorrupt
+from n5fs.errors import InvalidKey, KeyNotFound, ReadOnly, StoreCorrupt
 from n5fs.kvstore import zipformat as zf
+from n5fs.kvstore import ziprewrite as zr
 from n5fs.kvstore import zipwriter as zw
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing, slice_bytes
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix, split_path
@@ -38,46 +43,16 @@ from n5fs.kvstore.registry import open_spec
 from n5fs.kvstore.spec import ZipSpec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Mapping
+    from collections.abc import Iterable, Iterator, Mapping
+
+    from n5fs.kvstore.tempnames import Leftover
 
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 _BLOCK = 4 * MiB  # compressed input per ranged read while decoding
-_SPILL_READ = 8 * MiB  # bytes per read of a spill file
 _MISSING = object()
 _LAST_CHAR = "\U0010ffff"  # sorts after any character a key can hold
-
-
-@dataclass(eq=False)
-class _Pending:
-    """A value set but not flushed yet: in memory, or in an anonymous temp file."""
-
-    size: int
-    mtime: float
-    data: bytes | None = None
-    spill: IO[bytes] | None = None
-
-    def read(self, start: int, stop: int) -> bytes:
-        if self.data is not None:
-            return self.data[start:stop]
-        assert self.spill is not None
-        parts = []
-        while start < stop:
-            part = os.pread(self.spill.fileno(), min(stop - start, _SPILL_READ), start)
-            if not part:
-                break
-            parts.append(part)
-            start += len(part)
-        return b"".join(parts)
-
-    def chunks(self) -> Iterator[bytes]:
-        for at in range(0, self.size, _SPILL_READ):
-            yield self.read(at, min(at + _SPILL_READ, self.size))
-
-    def close(self) -> None:
-        if self.spill is not None:
-            self.spill.close()
 
 
 @dataclass(frozen=True)
@@ -122,14 +97,15 @@ class ZipStore(KvStore):
         self._memory_budget = memory_budget
         self._tmp_dir = tmp_dir
         self._where = f"zip archive {archive_key!r} in {base.spec.to_url()}"
+        self._temps = zr.TempArchives.of(base, self.archive_key, tmp_dir)
         self._cond = threading.Condition()
         self._flush_lock = threading.Lock()
         self._index: _Index | None = None
-        self._overlay: dict[str, _Pending | None] = {}  # None: deleted
+        self._overlay: dict[str, zr.Pending | None] = {}  # None: deleted
         self._memory = 0
         self._readers = 0
         self._swapping = False
-        self._retired: list[_Pending] = []
+        self._retired: list[zr.Pending] = []
         self._warned: set[str] = set()
 
     @classmethod
@@ -252,7 +228,7 @@ class ZipStore(KvStore):
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         with self._reading(self._key(key)) as (index, pending):
-            if isinstance(pending, _Pending):
+            if isinstance(pending, zr.Pending):
                 start, stop = (byte_range or ByteRange(0)).resolve(pending.size)
                 return pending.read(start, stop)
             member = index.files.get(key) if pending is _MISSING else None
@@ -296,7 +272,7 @@ class ZipStore(KvStore):
     def stat(self, key: str) -> KeyInfo | None:
         with self._cond:
             pending = self._overlay.get(self._key(key), _MISSING)
-            if isinstance(pending, _Pending):
+            if isinstance(pending, zr.Pending):
                 return KeyInfo(key, pending.size, pending.mtime)
             member = self._index_locked().files.get(key) if pending is _MISSING else None
         return None if member is None else KeyInfo(key, member.size, member.mtime)
@@ -319,7 +295,7 @@ class ZipStore(KvStore):
 
     @staticmethod
     def _infos(
-        index: _Index, overlay: Mapping[str, _Pending | None], prefix: str, delimiter: str | None
+        index: _Index, overlay: Mapping[str, zr.Pending | None], prefix: str, delimiter: str | None
     ) -> Iterator[KeyInfo]:
         """Live keys under ``prefix``: the overlay's, then the archive's; of the archive's
         keys under one sub-prefix only the first live one (enough for the grouping, and a
@@ -360,9 +336,9 @@ class ZipStore(KvStore):
             self._memory + len(value) > self._memory_budget
         )
         if spill:
-            pending = self._spilled(lambda f: f.write(value), len(value))
+            pending = zr.Pending.spilled(lambda f: f.write(value), len(value), self._tmp_dir)
         else:
-            pending = _Pending(len(value), time.time(), data=value)
+            pending = zr.Pending(len(value), time.time(), data=value)
         self._install(key, pending)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
@@ -373,26 +349,44 @@ class ZipStore(KvStore):
             return
         key = self._check_name(key)
         with open(path, "rb") as src:
-            self._install(key, self._spilled(lambda f: shutil.copyfileobj(src, f, MiB), size))
+            copy = zr.Pending.spilled(
+                lambda f: shutil.copyfileobj(src, f, MiB), size, self._tmp_dir
+            )
+            self._install(key, copy)
 
-    def _spilled(self, write: Callable[[IO[bytes]], object], size: int) -> _Pending:
-        spill = tempfile.TemporaryFile(prefix="n5fs-zip-", dir=self._tmp_dir)  # noqa: SIM115
-        try:
-            write(spill)
-            spill.flush()
-        except BaseException:
-            spill.close()
-            raise
-        return _Pending(size, time.time(), spill=spill)
+    def copy(self, src: str, dst: str) -> None:
+        """A copy keeps the member's date (a rename is copy + delete here)."""
+        info = self.stat(src)
+        super().copy(src, dst)
+        if info is not None:
+            self.set_mtime(dst, info.mtime)
 
-    def _install(self, key: str, pending: _Pending | None) -> None:
+    def set_mtime(self, key: str, mtime: float) -> None:
+        """The member's date, written by the next rewrite (DOS dates: 2-second steps)."""
+        key = self._check_name(key)
+        with self._cond:
+            pending = self._overlay.get(key, _MISSING)
+            if isinstance(pending, zr.Pending):
+                # a copy sharing the bytes: a rewrite in flight still owns (and drops) the
+                # old entry, this one stays pending with the new date
+                self._overlay[key] = dataclasses.replace(pending, mtime=mtime)
+                return
+            if pending is None or self._index_locked().files.get(key) is None:
+                raise KeyNotFound(key)
+        data = self.get(key)
+        if data is None:
+            raise KeyNotFound(key)
+        self.set(key, data)
+        self.set_mtime(key, mtime)
+
+    def _install(self, key: str, pending: zr.Pending | None) -> None:
         with self._cond:
             self._retire(self._overlay.get(key))
             self._overlay[key] = pending
             if pending is not None and pending.data is not None:
                 self._memory += pending.size
 
-    def _retire(self, pending: _Pending | None) -> None:
+    def _retire(self, pending: zr.Pending | None) -> None:
         """Drop an overlay value; a spill file closes once no read can be using it."""
         if pending is None:
             return
@@ -422,49 +416,57 @@ class ZipStore(KvStore):
     # -- flush -----------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Rewrite the archive if anything changed; atomic through ``base.put_file``."""
+        """Rewrite the archive if anything changed, and put it in place atomically.
+
+        Raises NoSpace (ENOSPC) before writing when the temp directory cannot hold the new
+        archive, and any other failure with its own errno; either names the archive, and the
+        pending changes stay for a retry.
+        """
         with self._flush_lock:
             with self._cond:
                 snapshot = dict(self._overlay)
             if not snapshot:
                 return
             self._check_writable(self.archive_key)
-            fd, tmp = tempfile.mkstemp(prefix=".n5fs-zip-", suffix=".zip", dir=self._tmp_dir)
+            attempt = zr.Attempt(self._where, len(snapshot), self._temps.directory)
             try:
-                with os.fdopen(fd, "wb") as out, self._reading() as (index, _):
-                    writer = zw.ArchiveWriter(out)
-                    members = self._write(writer, index, snapshot)
-                new = self._build_index(
-                    members, os.path.getsize(tmp), index.comment, 0, writer.data_offsets
-                )
-                self._swap(tmp, new, snapshot)
-            finally:
+                self._rewrite(snapshot, attempt)
+            except Exception as exc:
+                explained = attempt.explain(exc)
+                if explained is None:
+                    raise
+                raise explained from exc
+
+    def _rewrite(self, snapshot: Mapping[str, zr.Pending | None], attempt: zr.Attempt) -> None:
+        changes = {self._inner + key: pending for key, pending in snapshot.items()}
+        tmp = None
+        try:
+            with self._reading() as (index, _):
+                kept = [m for m in index.members if m.name not in changes]
+                tmp = self._temps.new_path()
+                attempt.check_space(zr.size_bound(index.start, kept, changes, index.comment))
+                with open(tmp, "xb") as out:
+                    old = zw.ArchiveReader(self.fetch, index.size, self._where)
+                    members, offsets = zr.write_archive(
+                        out, old, index.start, kept, changes, index.comment
+                    )
+                    size = out.tell()
+            new = self._build_index(members, size, index.comment, 0, offsets)
+            attempt.putting = True
+            self._swap(tmp, new, snapshot)
+        finally:
+            if tmp is not None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
 
-    def _write(
-        self, writer: zw.ArchiveWriter, index: _Index, snapshot: Mapping[str, _Pending | None]
-    ) -> tuple[zf.Member, ...]:
-        old = zw.ArchiveReader(self.fetch, index.size, self._where)
-        writer.write_raw(old.chunks(0, index.start))
-        changed = {self._inner + key for key in snapshot}
-        for member in sorted(index.members, key=lambda m: m.header_offset):
-            if member.name not in changed:
-                writer.copy_member(member, old.member_data(member))
-        for key in sorted(snapshot):
-            pending = snapshot[key]
-            if pending is not None:
-                writer.add(self._inner + key, pending.size, pending.mtime, pending.chunks)
-        return writer.finish(index.comment)
-
-    def _swap(self, tmp: str, new: _Index, snapshot: Mapping[str, _Pending | None]) -> None:
+    def _swap(self, tmp: str, new: _Index, snapshot: Mapping[str, zr.Pending | None]) -> None:
         """Put the new archive in place once no read of the old one is in flight."""
         with self._cond:
             self._swapping = True
             while self._readers:
                 self._cond.wait()
         try:
-            self.base.put_file(self.archive_key, tmp)
+            self._temps.put_in_place(tmp)
         except BaseException:
             with self._cond:
                 self._swapping = False
@@ -481,6 +483,26 @@ class ZipStore(KvStore):
                     del self._overlay[key]  # a deletion the new archive already reflects
             self._swapping = False
             self._cond.notify_all()
+
+    # -- leftovers of killed rewrites --------------------------------------------------------
+
+    def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
+        """Temp archives of this archive that rewrites left (beside it on a file base, else
+        in the temp dir); they belong to the whole archive, so only ``prefix=""`` has any."""
+        check_prefix(prefix)
+        if prefix:
+            return ()
+        # ... and what a killed upload of the archive itself left in the base (S3 multipart)
+        uploads = [
+            left for left in self.base.leftovers(self.archive_key) if left.path == self.archive_key
+        ]
+        return self._temps.leftovers() + tuple(uploads)
+
+    def remove_leftover(self, leftover: Leftover) -> None:
+        if leftover.path == self.archive_key:
+            self.base.remove_leftover(leftover)
+        else:
+            self._temps.remove(leftover)
 
     def refresh(self) -> None:
         """Forget the index (the archive changed from outside); pending changes stay."""
