@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
     from n5fs.kvstore.base import KeyInfo, KvStore
     from n5fs.kvstore.spec import StoreSpec
+    from n5fs.kvstore.tempnames import Leftover
 
 #: a batch stops growing at this many stored bytes (or at one chunk, if that is larger): the
 #: per-batch overhead only matters for small chunks, and each worker holds one batch's bytes
@@ -73,6 +74,8 @@ class Report:
     other: int = 0
     invalid: list[Finding] = field(default_factory=list)
     skipped: list[Finding] = field(default_factory=list)
+    #: what interrupted writers left (temp files, uploads): reported, not judged invalid
+    leftovers: list[Leftover] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -83,6 +86,16 @@ class Report:
             "checked": {"metadata": self.metadata, "chunks": self.chunks, "other": self.other},
             "invalid": [f.to_json() for f in sorted(self.invalid, key=lambda f: f.key)],
             "skipped": [f.to_json() for f in sorted(self.skipped, key=lambda f: f.key)],
+            "leftovers": [
+                {
+                    "path": left.path,
+                    "what": left.what,
+                    "size": left.size,
+                    "writer": left.writer,
+                    "writer_gone": left.dead,
+                }
+                for left in self.leftovers
+            ],
         }
 
 
@@ -156,7 +169,14 @@ class Validator:
         self.progress.total_chunks = len(chunk_jobs)
         self.progress.listing_done = True
         self._check_chunks(chunk_jobs)
+        self._find_leftovers(prefix)
         return self.report
+
+    def _find_leftovers(self, prefix: str) -> None:
+        try:
+            self.report.leftovers = list(self.store.leftovers(prefix))
+        except N5fsError as exc:
+            self.report.skipped.append(Finding(prefix or "<root>", "leftovers", str(exc)))
 
     # -- folders and metadata ----------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from n5fs.errors import InvalidSource, StoreUnavailable
 from n5fs.fuse_front import _lib
 from n5fs.fuse_front.attrs import BLKSIZE, StatMaker
 from n5fs.fuse_front.mounts import MountFailed, parse_mountinfo
-from n5fs.fuse_front.operations import N5fsOperations
+from n5fs.fuse_front.operations import UTIME_NOW, UTIME_OMIT, N5fsOperations
 from n5fs.fuse_front.options import (
     fsname_of,
     fuse_options,
@@ -201,13 +201,24 @@ def test_rename_flags(store):
     assert store.get("fresh.txt") == b"hello"
 
 
-def test_chmod_chown_utimens_accepted_for_existing_paths(store):
+def test_chmod_chown_accepted_for_existing_paths(store):
     ops = ops_over(store)
     assert ops.chmod("/notes.txt", 0o600) == 0
     assert ops.chown("/notes.txt", 1, 1) == 0
-    assert ops.utimens("/notes.txt", (0, 0)) == 0
     assert errno_from(lambda: ops.chmod("/nope", 0o600)) == errno.ENOENT
     assert ops.getattr("/notes.txt")["st_mode"] == stat.S_IFREG | 0o644
+
+
+def test_utimens_keeps_the_modification_time(store):
+    ops = ops_over(store)
+    assert ops.utimens("/notes.txt", (5 * 10**9, 1_000_000_000 * 10**9 + 500_000_000)) == 0
+    assert ops.getattr("/notes.txt")["st_mtime"] == 1_000_000_000 * 10**9 + 500_000_000
+    before = ops.getattr("/notes.txt")["st_mtime"]
+    assert ops.utimens("/notes.txt", (0, UTIME_OMIT)) == 0  # atime only: nothing to keep
+    assert ops.getattr("/notes.txt")["st_mtime"] == before
+    assert ops.utimens("/notes.txt", (0, UTIME_NOW)) == 0  # `touch`: now
+    assert ops.getattr("/notes.txt")["st_mtime"] > before
+    assert errno_from(lambda: ops.utimens("/nope", None)) == errno.ENOENT
 
 
 def test_xattrs_are_absent_not_unsupported(store):

@@ -15,6 +15,7 @@ import errno
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -40,6 +41,10 @@ T = TypeVar("T")
 
 #: answers to questions ("is it there?"), not faults: logged at DEBUG
 _QUIET = frozenset({errno.ENOENT, errno.EEXIST})
+#: libfuse3 passes "now" and "leave alone" as these nanosecond values (``utimensat(2)``; its
+#: seconds are zero then, and mfusepy adds the two fields)
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
 _CONTROL_PREFIX = f"/{CONTROL}/"
 
 
@@ -65,6 +70,7 @@ class GatewayLike(Protocol):
     def rename(self, old: str, new: str) -> None: ...
     def link(self, src_path: str, dst_path: str) -> None: ...
     def symlink(self, target: str, path: str) -> None: ...
+    def utimens(self, path: str, mtime: float) -> None: ...
     def statfs(self) -> dict[str, int]: ...
     def close(self) -> None: ...
     def subscribe(self, callback: Callable[[Sequence[str]], None]) -> None:
@@ -145,7 +151,13 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
         return self._accept("chown", path)
 
     def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
-        return self._accept("utimens", path)
+        """Modification times are kept (access times are not): ``rsync -a`` and ``cp -a``
+        compare them, so a second run copies nothing."""
+        mtime_ns = time.time_ns() if times is None or times[1] == UTIME_NOW else times[1]
+        if mtime_ns == UTIME_OMIT:
+            return self._accept("utimens", path)
+        self._committing(f"utimens {path}", lambda: self.gateway.utimens(path, mtime_ns / 1e9))
+        return 0
 
     def _accept(self, op: str, path: str) -> int:
         """The store keeps no modes, owners or times: accept the change (so ``cp -p``,
@@ -288,6 +300,11 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
             )
         if self._on_init is not None:
             self._on_init(fuse_ptr)
+        sweep = getattr(self.gateway, "sweep_leftovers", None)
+        if sweep is not None:
+            # What killed writers left (temp files, uploads) goes in the background: the
+            # mount answers meanwhile; those files never show in listings anyway.
+            threading.Thread(target=sweep, name="n5fs-sweep", daemon=True).start()
 
     def destroy(self, path: str) -> None:
         """After unmount: commit what is still staged and close the store, once."""

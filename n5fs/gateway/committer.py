@@ -26,7 +26,7 @@ from collections import deque
 from functools import cache
 from typing import TYPE_CHECKING
 
-from n5fs.errors import Rejected
+from n5fs.errors import NotSupported, Rejected
 from n5fs.formats.registry import METADATA_NAMES
 from n5fs.gateway.cache import Counters
 from n5fs.gateway.commit import CommitRules, Mode, Rejection
@@ -148,13 +148,33 @@ class Committer:
             spilled = staged.spill_path()
             if spilled is not None:
                 self.store.put_file(key, spilled)
-                self.after_set(key, staged.size, None)
             else:
-                data = load()
-                self.store.set(key, data)
-                self.after_set(key, len(data), data)
+                self.store.set(key, load())
+            mtime = self.keep_mtime(key, node.mtime)
+            node.mtime = None
+            self.after_set(key, staged.size, None if spilled else load(), mtime)
         node.dirty = False
         node.stored = True
+
+    def set_mtime(self, key: str, mtime: float, size: int) -> None:
+        """Give the stored ``key`` (``size`` bytes) the modification time ``mtime``."""
+        with self.hold(key):
+            if self.keep_mtime(key, mtime) is None:
+                return
+            self.view.note_set(key, size, mtime)
+            self.reader.cache.invalidate(key)
+        self.changed([key])
+
+    def keep_mtime(self, key: str, mtime: float | None) -> float | None:
+        """Store ``mtime`` for ``key`` where the store can keep one (``utimens``: what makes
+        ``rsync -a`` incremental); None when there is none to keep or the store cannot."""
+        if mtime is None:
+            return None
+        try:
+            self.store.set_mtime(key, mtime)
+        except NotSupported:
+            return None
+        return mtime
 
     def commit_bytes(self, key: str, data: bytes) -> None:
         """Validate and store ``data`` at ``key`` (links, symlinks)."""
@@ -167,12 +187,15 @@ class Committer:
         self.store.set(key, data)
         self.after_set(key, len(data), data)
 
-    def after_set(self, key: str, size: int, data: bytes | None) -> None:
-        """``key`` was stored (``data`` when in memory): patch what is cached, keep
-        consolidated metadata true, tell subscribers. Inside the hold of ``key``."""
+    def after_set(
+        self, key: str, size: int, data: bytes | None, mtime: float | None = None
+    ) -> None:
+        """``key`` was stored (``data`` when in memory; ``mtime`` when one was kept): patch
+        what is cached, keep consolidated metadata true, tell subscribers. Inside the hold
+        of ``key``."""
         self.counters.add("commits")
         self.counters.add("bytes_in", size)
-        self._note_written(key, size, data)
+        self._note_written(key, size, data, mtime)
         changed = [key]
         if self.mode is not Mode.OFF and is_metadata(key):
             if data is None:
@@ -180,8 +203,10 @@ class Committer:
             changed += self.keeper.after_change(key, data)
         self.changed(changed)
 
-    def _note_written(self, key: str, size: int, data: bytes | None) -> None:
-        info = self.view.note_set(key, size)
+    def _note_written(
+        self, key: str, size: int, data: bytes | None, mtime: float | None = None
+    ) -> None:
+        info = self.view.note_set(key, size, mtime)
         if data is not None:
             self.reader.cache.put(key, (info.size, info.mtime), data)
         else:

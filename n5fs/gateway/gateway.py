@@ -24,7 +24,6 @@ shared between threads. ``docs/semantics.md`` ("Consistency and concurrency") is
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -44,9 +43,9 @@ from n5fs.errors import (
 )
 from n5fs.gateway.commit import Mode, Rejection
 from n5fs.gateway.committer import Committer
+from n5fs.gateway.control import ControlEntries
 from n5fs.gateway.handles import Handle, Node, OpenFiles, RefusedNames, StagingConfig
 from n5fs.gateway.namespace import (
-    CONTROL,
     Attr,
     EntryKind,
     is_control,
@@ -137,6 +136,9 @@ class Gateway:
             store, self.view, self.files, self.committer, self.reader, self.detector
         )
         self._refused = RefusedNames()
+        self.control = ControlEntries(
+            self.committer, self.view, self.reader, self.files, self.budget
+        )
 
     @property
     def rejections(self) -> list[Rejection]:
@@ -151,7 +153,11 @@ class Gateway:
     # == namespace ==================================================================================
 
     def stat(self, path: str) -> Attr:
-        return self.view.stat(path_to_key(path))
+        key = path_to_key(path)
+        attr = self.view.stat(key)
+        if attr.kind is EntryKind.FILE and not self.store.listing_mtimes:
+            return self.view.with_kept_mtime(key, attr)
+        return attr
 
     def lookup(self, path: str) -> Attr | None:
         """Like stat, but None when absent."""
@@ -163,31 +169,18 @@ class Gateway:
     def readlink(self, path: str) -> str:
         return self.view.readlink(path_to_key(path))
 
-    # == control entries ===========================================================================
+    # == control entries and housekeeping ===========================================================
 
     def _control_bytes(self, key: str) -> bytes:
-        name = key.removeprefix(CONTROL + "/")
-        if name == "rejections":
-            return "".join(r.to_json_line() + "\n" for r in self.rejections).encode()
-        if name == "stats.json":
-            return (json.dumps(self.stats(), indent=2, sort_keys=True) + "\n").encode()
-        raise KeyNotFound(f"/{key}")
+        return self.control.content(key)
 
     def stats(self) -> dict[str, int]:
-        listings, cache = self.view.listings, self.reader.cache
-        return {
-            **self.committer.counters.snapshot(),
-            "listing_hits": listings.hits,
-            "listing_misses": listings.misses,
-            "listing_loads_discarded": listings.discarded,
-            "store_reads": self.reader.store_reads,
-            "bytes_out": self.reader.bytes_out,
-            "cache_hits": cache.hits,
-            "cache_misses": cache.misses,
-            "cache_bytes": cache.size,
-            "staging_bytes": self.budget.used,
-            "open_handles": self.files.handle_count(),
-        }
+        return self.control.stats()
+
+    def sweep_leftovers(self) -> int:
+        """Remove what dead writers left in the store (temp files, temp archives, multipart
+        uploads); called once at mount, in the background. Returns how many were removed."""
+        return 0 if self.read_only else self.control.sweep(self.store)
 
     # == open / read / write =======================================================================
 
@@ -365,6 +358,21 @@ class Gateway:
             pass  # recorded by the committer; release() cannot report it
         finally:
             self.files.release(node)
+
+    def utimens(self, path: str, mtime: float) -> None:
+        """A file's modification time (``touch -d``, ``cp -a``, ``rsync -a``): kept with staged
+        content until its commit, else stored now. Folders and links keep none."""
+        key = path_to_key(path)
+        self._check_mutable(key)
+        if self.view.stat(key).kind is not EntryKind.FILE:
+            return
+        with self.files.pinned(key) as (node,):
+            if node.pending:
+                node.mtime = mtime
+                return
+            info = self.view.info(key)
+            if info is not None:
+                self.committer.set_mtime(key, mtime, info.size)
 
     # == namespace changes =========================================================================
 

@@ -62,6 +62,8 @@ class Node:
     written: bool = False  # any write or truncate since open/create
     refs: int = 0
     unlinked: bool = False
+    #: a modification time set (``utimens``) while content is staged: the commit applies it
+    mtime: float | None = None
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
@@ -73,7 +75,8 @@ class Node:
         staged = self.staged
         if staged is None or not self.pending:
             return None
-        return Attr(EntryKind.FILE, staged.size, time.time(), writable)
+        mtime = time.time() if self.mtime is None else self.mtime
+        return Attr(EntryKind.FILE, staged.size, mtime, writable)
 
 
 @dataclass(eq=False)

@@ -83,16 +83,19 @@ class Renamer:
                     if node.stored:
                         self.store.delete(src)
                     size = len(data)
+                    mtime = self.committer.keep_mtime(dst, node.mtime)
                 else:
                     cached = self.reader.cache.get(src)
+                    moved = self.view.info(src)  # a rename keeps the file's time
                     self.store.rename(src, dst)
                     data = cached
                     size = len(cached) if cached is not None else self._size_of(dst)
+                    mtime = moved.mtime if moved is not None else None
                 self.files.detach(dst)  # an open file of the old dst lives on unnamed
                 self.files.move(node, dst)
-                node.dirty, node.stored = False, True
+                node.dirty, node.stored, node.mtime = False, True, None
                 self.committer.after_delete(src)
-                self.committer.after_set(dst, size, data)
+                self.committer.after_set(dst, size, data, mtime)
 
     def _size_of(self, key: str) -> int:
         info = self.store.stat(key)
@@ -127,12 +130,28 @@ class Renamer:
             self._validate_moves(dst, moves)
             if dst_attr is not None and self.store.empty_prefixes:
                 self.store.remove_prefix(dst)  # an empty folder is replaced, as rename(2) does
-            self.store.rename_prefix(src + "/", dst + "/")
+            self._move(src, dst, moves)
             self.view.note_moved_dir(src, dst, empty=not moves)
             self.reader.cache.invalidate_prefix(src + "/")
             self.detector.clear()
             rewritten = self._after_moves(moves)
         self.committer.changed([src, dst, *rewritten])
+
+    def _move(self, src: str, dst: str, moves: list[tuple[str, str]]) -> None:
+        """Move the keys; where the store cannot move a folder atomically (S3, zip, memory),
+        in an order that is safe to interrupt: chunks are copied, then metadata, then the
+        source metadata deleted, then the source chunks. A destination array appears only
+        once every chunk sits under it; a source array stops being one before any of its
+        chunks goes. A crash leaves at worst a complete copy and a metadata-less remnant."""
+        if self.store.atomic_prefix_rename:
+            self.store.rename_prefix(src + "/", dst + "/")
+            return
+        meta = [(old, new) for old, new in moves if is_metadata(old)]
+        data = [(old, new) for old, new in moves if not is_metadata(old)]
+        self.store.copy_many(data)
+        self.store.copy_many(meta)
+        self.store.delete_many([old for old, _ in meta])
+        self.store.delete_many([old for old, _ in data])
 
     def _validate_moves(self, dst: str, moves: list[tuple[str, str]]) -> None:
         destination = self.detector.folder(dir_prefix(parent(dst)))

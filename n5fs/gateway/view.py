@@ -15,6 +15,7 @@ Nothing here writes to the store except ``make_prefix``/``remove_prefix`` for di
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -109,6 +110,15 @@ class NamespaceView:
             return Attr(EntryKind.SYMLINK, len(target), writable=self.writable)
         raise KeyNotFound(f"no such file or directory: /{key}")
 
+    def with_kept_mtime(self, key: str, attr: Attr) -> Attr:
+        """``attr`` with the mtime the store kept for ``key`` (``utimens``) where its listing
+        cannot say (S3: one HEAD). Files being written keep the time they show."""
+        node = self.files.node(key)
+        if is_control(key) or (node is not None and node.pending):
+            return attr
+        info = self.store.stat(key)
+        return attr if info is None else dataclasses.replace(attr, mtime=info.mtime)
+
     def lookup(self, key: str) -> Attr | None:
         try:
             return self.stat(key)
@@ -160,10 +170,11 @@ class NamespaceView:
 
     # -- our own changes -----------------------------------------------------------------------
 
-    def note_set(self, key: str, size: int) -> KeyInfo:
-        """``key`` now holds ``size`` bytes: patch the listings of its folder and of every
-        folder above (each holds a directory now). Returns the info the listing shows."""
-        info = KeyInfo(key, size, time.time())
+    def note_set(self, key: str, size: int, mtime: float | None = None) -> KeyInfo:
+        """``key`` now holds ``size`` bytes (modified at ``mtime``, else now): patch the
+        listings of its folder and of every folder above (each holds a directory now).
+        Returns the info the listing shows."""
+        info = KeyInfo(key, size, time.time() if mtime is None else mtime)
         name = basename(key)
         self.listings.replace(dir_prefix(parent(key)), lambda e: e.with_file(name, info))
         child = parent(key)

@@ -1,0 +1,86 @@
+"""The control entries under ``/.n5fs/`` (what the mount reports about itself), and the
+housekeeping they report on.
+
+``rejections`` lists refused (or, in warn mode, flagged) commits as JSON lines;
+``stats.json`` holds the counters ``n5fs status`` and systemd's STATUS= show. Both are
+rendered when opened, from the owners' thread-safe snapshots. The only state here is the
+count of leftovers the mount's sweep removed, guarded by ``_lock`` (a leaf lock).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from n5fs.errors import KeyNotFound, N5fsError
+from n5fs.gateway.namespace import CONTROL
+
+if TYPE_CHECKING:
+    from n5fs.gateway.committer import Committer
+    from n5fs.gateway.handles import OpenFiles
+    from n5fs.gateway.reader import ObjectReader
+    from n5fs.gateway.staging import StagingBudget
+    from n5fs.gateway.view import NamespaceView
+    from n5fs.kvstore.base import KvStore
+
+log = logging.getLogger(__name__)
+
+
+class ControlEntries:
+    def __init__(
+        self,
+        committer: Committer,
+        view: NamespaceView,
+        reader: ObjectReader,
+        files: OpenFiles,
+        budget: StagingBudget,
+    ) -> None:
+        self.committer = committer
+        self.view = view
+        self.reader = reader
+        self.files = files
+        self.budget = budget
+        #: leftovers of dead writers removed by :meth:`sweep` (under ``_lock``)
+        self.leftovers_removed = 0
+        self._lock = threading.Lock()
+
+    def sweep(self, store: KvStore) -> int:
+        """Remove the leftovers of dead writers (:meth:`KvStore.sweep`), log and count them."""
+        try:
+            removed = store.sweep()
+        except (N5fsError, OSError) as exc:
+            log.warning("could not remove leftovers of interrupted writers: %s", exc)
+            return 0
+        for leftover in removed:
+            log.info("removed %s", leftover.describe())
+        with self._lock:
+            self.leftovers_removed += len(removed)
+        return len(removed)
+
+    def content(self, key: str) -> bytes:
+        name = key.removeprefix(CONTROL + "/")
+        if name == "rejections":
+            lines = (r.to_json_line() + "\n" for r in self.committer.rejections())
+            return "".join(lines).encode()
+        if name == "stats.json":
+            return (json.dumps(self.stats(), indent=2, sort_keys=True) + "\n").encode()
+        raise KeyNotFound(f"/{key}")
+
+    def stats(self) -> dict[str, int]:
+        listings, cache = self.view.listings, self.reader.cache
+        return {
+            **self.committer.counters.snapshot(),
+            "listing_hits": listings.hits,
+            "listing_misses": listings.misses,
+            "listing_loads_discarded": listings.discarded,
+            "store_reads": self.reader.store_reads,
+            "bytes_out": self.reader.bytes_out,
+            "cache_hits": cache.hits,
+            "cache_misses": cache.misses,
+            "cache_bytes": cache.size,
+            "staging_bytes": self.budget.used,
+            "open_handles": self.files.handle_count(),
+            "leftovers_removed": self.leftovers_removed,
+        }

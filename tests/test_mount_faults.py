@@ -1,0 +1,185 @@
+"""Faults through real mounts: long names, a daemon killed mid-commit, too-deep JSON, and
+``rsync -a`` that becomes incremental once modification times are kept."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from n5fs.kvstore.tempnames import PARTIAL_SUFFIX
+from tests.mounting import wait_until
+
+pytestmark = pytest.mark.fuse
+
+
+def partials(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.endswith(PARTIAL_SUFFIX)]
+
+
+def test_names_up_to_name_max_are_stored(mounter, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    mp = mounter.daemon(str(src))
+    for length in (209, 230, 250, 255):
+        name = "n" * length
+        with open(mp / name, "wb") as f:
+            f.write(b"x" * length)  # the commit happens at close(): it must not fail
+        assert (src / name).read_bytes() == b"x" * length
+    assert partials(src) == []
+
+
+def test_killed_daemon_leaves_nothing_that_blocks_or_survives(mounter, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "big").mkdir(parents=True)
+    mp = mounter.daemon(str(src))
+    pid = mounter.pid(mp)
+    # a writer process: 384 MiB of data without holes, then close(), which commits (the
+    # daemon copies the staged file into a temp file beside the key); the daemon is killed
+    # while that temp file exists
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys\n"
+                "with open(sys.argv[1], 'wb') as f:\n"
+                "    for _ in range(384): f.write(bytes(range(256)) * 4096)"
+            ),
+            str(mp / "big" / "file"),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not partials(src) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    os.kill(pid, signal.SIGKILL)
+    writer.wait(timeout=60)
+    assert partials(src), "the commit finished before the kill; make the file larger"
+    subprocess.run(["fusermount3", "-u", "-z", str(mp)], check=False)
+    mp2 = mounter.daemon(str(src), name="mnt2")
+    assert os.listdir(mp2 / "big") in ([], ["file"])  # the temp file never shows
+    wait_until(lambda: not partials(src), "the new mount removes the dead writer's temp file")
+    shutil.rmtree(mp2 / "big")  # rm -r works
+    assert not (src / "big").exists()
+    stats = json.loads((mp2 / ".n5fs" / "stats.json").read_text())
+    assert stats["leftovers_removed"] >= 1
+
+
+def test_too_deep_attributes_are_einval_and_listed(mounter, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "g").mkdir(parents=True)
+    (src / "g" / ".zgroup").write_text('{"zarr_format": 2}')
+    mp = mounter.daemon(str(src))
+    depth = 5000
+    with pytest.raises(OSError) as info, open(mp / "g" / ".zattrs", "w") as f:
+        f.write('{"a": ' + "[" * depth + "]" * depth + "}")
+    assert info.value.errno == errno.EINVAL
+    lines = (mp / ".n5fs" / "rejections").read_text().splitlines()
+    assert [json.loads(line)["rule"] for line in lines] == ["json-depth"]
+    assert not (src / "g" / ".zattrs").exists()
+
+
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
+def test_rsync_a_twice_copies_nothing_the_second_time(mounter, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "arr").mkdir(parents=True)
+    for i in range(20):
+        (data / "arr" / str(i)).write_bytes(os.urandom(1000 + i))
+    (data / "README").write_text("hello\n")
+    old = time.time() - 86400
+    for path in data.rglob("*"):
+        os.utime(path, (old, old))
+    src = tmp_path / "src"
+    src.mkdir()
+    mp = mounter.daemon(str(src))
+
+    def rsync() -> str:
+        out = subprocess.run(
+            ["rsync", "-a", "--stats", f"{data}/", f"{mp}/"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout
+
+    first = rsync()
+    assert "Number of regular files transferred: 21" in first
+    assert os.stat(mp / "arr" / "3").st_mtime == pytest.approx(old, abs=1e-3)
+    assert os.stat(src / "arr" / "3").st_mtime == pytest.approx(old, abs=1e-3)
+    second = rsync()
+    assert "Number of regular files transferred: 0" in second, second
+    subprocess.run(["touch", "-d", "2001-02-03 04:05:06", str(mp / "README")], check=True)
+    assert time.gmtime(os.stat(src / "README").st_mtime)[:3] == (2001, 2, 3)
+
+
+# -- S3 ----------------------------------------------------------------------------------------
+
+
+def s3_source(server, bucket: str) -> str:
+    spec = {"driver": "s3", "bucket": bucket, "path": "data/", "endpoint": server.endpoint}
+    return json.dumps(spec)
+
+
+@pytest.mark.s3
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
+def test_rsync_a_into_s3_keeps_times(mounter, tmp_path: Path, s3_server, s3_bucket) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    old = time.time() - 86400 * 3
+    for i in range(5):
+        (data / f"f{i}").write_bytes(os.urandom(500))
+        os.utime(data / f"f{i}", (old, old))
+    mp = mounter.daemon(s3_source(s3_server, s3_bucket), "--cache-ttl", "0.5")
+    args = ["rsync", "-a", "--stats", f"{data}/", f"{mp}/"]
+    first = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    assert "Number of regular files transferred: 5" in first
+    head = s3_server.client().head_object(Bucket=s3_bucket, Key="data/f3")
+    assert float(head["Metadata"]["mtime"]) == pytest.approx(old, abs=1e-3)
+    time.sleep(1.5)  # every cached listing and kernel attribute has expired
+    second = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    assert "Number of regular files transferred: 0" in second, second
+
+
+@pytest.mark.s3
+def test_killed_daemon_leaves_no_multipart_upload(
+    mounter, tmp_path: Path, s3_server, s3_bucket
+) -> None:
+    source = s3_source(s3_server, s3_bucket)
+    mp = mounter.daemon(source)
+    pid = mounter.pid(mp)
+    journal = tmp_path / "state" / "uploads"
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys\n"
+                "with open(sys.argv[1], 'wb') as f:\n"
+                "    for _ in range(256): f.write(bytes(range(256)) * 4096)"
+            ),
+            str(mp / "big"),
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    wait_until(lambda: any(journal.glob("*.uploads")), "the daemon starts a multipart upload")
+    os.kill(pid, signal.SIGKILL)
+    writer.wait(timeout=60)
+    subprocess.run(["fusermount3", "-u", "-z", str(mp)], check=False)
+    client = s3_server.client()
+    uploads = client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+    assert [u["Key"] for u in uploads] == ["data/big"], "the kill left no upload behind"
+    mp2 = mounter.daemon(source, name="mnt2")
+    wait_until(
+        lambda: not client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads"),
+        "the new mount aborts the dead daemon's upload",
+    )
+    assert "big" not in os.listdir(mp2)
