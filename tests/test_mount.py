@@ -12,6 +12,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -254,7 +255,8 @@ def test_mount_returns_once_mounted_status_then_unmount(mounter):
     assert process_alive(pid)
     text = mounter.cli("status")
     assert text.returncode == 0
-    assert f"{mp}  demo:  rw,strict  pid {pid}  mounted" in text.stdout
+    [line] = [ln for ln in text.stdout.splitlines() if ln.startswith(f"{mp} ")]
+    assert re.split(r"\s{2,}", line.strip()) == [str(mp), "demo:", "rw,strict", str(pid), "mounted"]
     rows = json.loads(mounter.cli("status", "--json").stdout)
     [row] = [r for r in rows if r["mountpoint"] == str(mp)]  # other n5fs mounts may exist
     assert (row["mountpoint"], row["pid"], row["state"]) == (str(mp), pid, "mounted")
@@ -288,6 +290,10 @@ def test_mount_failure_reaches_the_terminal(mounter, source, extra, reason):
 
 def test_mountpoint_must_be_a_free_directory(mounter):
     result = mounter.cli("mount", "demo:", str(mounter.tmp / "absent"))
+    assert result.returncode == 2
+    assert "does not exist (create it with mkdir -p" in result.stderr
+    (mounter.tmp / "a-file").write_text("x")
+    result = mounter.cli("mount", "demo:", str(mounter.tmp / "a-file"))
     assert result.returncode == 2
     assert "is not a directory" in result.stderr
     mp = mounter.daemon("demo:")

@@ -403,6 +403,7 @@ def test_fstab_options_are_sorted_for_n5fs_and_libfuse():
         "/mnt/vol",
         "--log-level",
         "info",
+        "--quiet",  # mount(8) helpers say nothing on success
         "-o",
         "ro,validate=strict,allow_other,uid=1000,cache_size=1G",
     ]

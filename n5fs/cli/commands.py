@@ -1,8 +1,17 @@
-"""``n5fs detect`` and ``n5fs validate``: what a store holds, and whether all of it is valid."""
+"""``n5fs detect`` and ``n5fs validate``: what a store holds, and whether all of it is valid;
+and what every command does to a SOURCE before opening it (:func:`absolute_source`,
+:func:`missing_local_path`).
+
+Both commands exit 2 when a local SOURCE (a directory, or the archive of a zip) does not exist:
+an absent path would otherwise read as an empty store, and "valid; checked 0 chunks" would
+pass a typo as a clean check. ``validate`` exits 1 when it found no group or array at all,
+unless ``--allow-empty``.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -12,8 +21,15 @@ from n5fs.validate import Validator
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable
 
     import numpy as np
+
+    from n5fs.kvstore.spec import StoreSpec
+    from n5fs.validate import Report
+
+#: exit status of ``detect`` and ``validate`` when they could not run
+EXIT_CANNOT_RUN = 2
 
 
 def dtype_name(dtype: np.dtype[Any]) -> Any:
@@ -46,6 +62,19 @@ def describe(folder: Folder, source_spec: Any) -> dict[str, Any]:
 
 def add_s3_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags for S3 sources (also a zip on S3): what a URL cannot carry."""
+    import argparse
+
+    from n5fs.cli.config import s3_retries, s3_timeout
+
+    def checked(check: Callable[[object], object]) -> Callable[[str], object]:
+        def convert(text: str) -> object:
+            try:
+                return check(text)
+            except (TypeError, ValueError) as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+
+        return convert
+
     group = parser.add_argument_group("S3 sources")
     group.add_argument(
         "--anon", action="store_true", default=None, help="unsigned requests, for public buckets"
@@ -58,18 +87,110 @@ def add_s3_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--region", metavar="NAME", default=None)
     group.add_argument("--profile", metavar="NAME", default=None, help="a profile of ~/.aws/config")
+    group.add_argument(
+        "--s3-connect-timeout",
+        type=checked(s3_timeout),
+        default=None,
+        metavar="SECONDS",
+        help="give up connecting to the S3 server after this long (default 2)",
+    )
+    group.add_argument(
+        "--s3-read-timeout",
+        type=checked(s3_timeout),
+        default=None,
+        metavar="SECONDS",
+        help="give up on an S3 server that sends nothing for this long, per wait, not per "
+        "transfer (default 4)",
+    )
+    group.add_argument(
+        "--s3-retries",
+        type=checked(s3_retries),
+        default=None,
+        metavar="N",
+        help="retry a failed or timed-out S3 request N times (default 1); with the defaults "
+        "an unresponsive server costs a call EIO after ~12 s, not a hang",
+    )
 
 
 def source_from_args(args: argparse.Namespace) -> str:
-    """SOURCE, with the S3 flags applied to its S3 store (an error if it has none)."""
-    from n5fs.cli.config import S3Settings, with_s3
+    """SOURCE, with the S3 flags and ``-o s3_*`` options (taken out of ``args.options``, so
+    libfuse never sees them) applied to its S3 store (an error if it has none). A flag wins
+    over an option, an option over the config file."""
+    from n5fs.cli.config import S3Settings, take_s3_options, with_s3
 
-    settings = S3Settings(
-        endpoint=args.endpoint, region=args.region, profile=args.profile, anonymous=args.anon
+    options, from_options = take_s3_options(getattr(args, "options", None))
+    if getattr(args, "options", None) is not None:
+        args.options = options
+    flags = S3Settings(
+        endpoint=args.endpoint,
+        region=args.region,
+        profile=args.profile,
+        anonymous=args.anon,
+        connect_timeout=args.s3_connect_timeout,
+        read_timeout=args.s3_read_timeout,
+        retries=args.s3_retries,
     )
+    settings = from_options.overridden_by(flags)
     if settings == S3Settings():
         return str(args.source)
     return with_s3(args.source, settings, "command line")
+
+
+def absolute_source(text: str) -> str:
+    """SOURCE with every local path made absolute against the current directory, so that a
+    process working elsewhere (the mount daemon works in ``/``) opens the same store: a bare
+    path (also under a zip adapter: ``data/x.zip|zip:``) stays a URL, with its root made
+    absolute; a JSON spec holding a file store is rewritten with absolute paths. Anything
+    else is returned as it is."""
+    from n5fs.cli.demo import DEMO_SOURCE
+    from n5fs.kvstore.spec import parse_spec
+
+    stripped = text.strip()
+    if stripped == DEMO_SOURCE:
+        return text
+    if stripped.startswith("{"):
+        spec = parse_spec(stripped)  # a file spec makes its own path absolute
+        return json.dumps(spec.to_json()) if local_spec_path(spec) is not None else text
+    root, bar, adapters = stripped.partition("|")
+    if "://" in root:
+        return text  # file:// URLs are absolute already (the parser refuses others)
+    absolute = os.path.abspath(os.path.expanduser(root))
+    if root.endswith("/") and not absolute.endswith("/"):
+        absolute += "/"
+    return absolute + bar + adapters
+
+
+def local_spec_path(spec: StoreSpec) -> str | None:
+    """The local path a spec reads: a file store's directory, or the archive file beneath a
+    zip (however deeply nested); None for memory, S3 and other remote stores."""
+    from n5fs.kvstore.spec import FileSpec, ZipSpec
+
+    while isinstance(spec, ZipSpec) and spec.base is not None:
+        spec = spec.base
+    return spec.path if isinstance(spec, FileSpec) else None
+
+
+def missing_local_path(text: str) -> str | None:
+    """The local path of SOURCE if it does not exist (checked before opening: an absent
+    directory or archive would read as an empty store), else None."""
+    from n5fs.cli.demo import DEMO_SOURCE
+    from n5fs.kvstore.spec import parse_spec
+
+    if text.strip() == DEMO_SOURCE:
+        return None
+    path = local_spec_path(parse_spec(text))
+    if path is None or os.path.exists(path):
+        return None
+    return path.rstrip("/") or "/"
+
+
+def _refuse_missing(command: str, text: str) -> bool:
+    """Say so on stderr when SOURCE is a local path that does not exist."""
+    missing = missing_local_path(text)
+    if missing is None:
+        return False
+    print(f"n5fs {command}: {missing}: no such file or directory", file=sys.stderr)
+    return True
 
 
 def open_cli_source(text: str, *, read_only: bool = False) -> Source:
@@ -83,7 +204,10 @@ def open_cli_source(text: str, *, read_only: bool = False) -> Source:
 
 
 def run_detect(args: argparse.Namespace) -> int:
-    source = open_cli_source(source_from_args(args))
+    text = source_from_args(args)
+    if _refuse_missing("detect", text):
+        return EXIT_CANNOT_RUN
+    source = open_cli_source(text)
     with source.store:
         detector = Detector(source.store)
         nodes = [
@@ -123,7 +247,10 @@ def _tree_line(node: dict[str, Any]) -> str:
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    source = open_cli_source(source_from_args(args), read_only=True)
+    text = source_from_args(args)
+    if _refuse_missing("validate", text):
+        return EXIT_CANNOT_RUN
+    source = open_cli_source(text, read_only=True)
     with source.store:
         validator = Validator(source.store, jobs=args.jobs)
         progress = validator.progress
@@ -138,21 +265,51 @@ def run_validate(args: argparse.Namespace) -> int:
 
         with ProgressBar(sample):
             report = validator.run("")
+    url = source.spec.to_url()
+    empty = found_nothing(report)
     if args.json:
         json.dump(report.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
-    else:
-        for finding in sorted(report.invalid, key=lambda f: f.key):
-            print(f"INVALID {finding.key}: {finding.message} [{finding.rule}]")
-        for finding in sorted(report.skipped, key=lambda f: f.key):
-            print(f"SKIPPED {finding.key}: {finding.message}")
-        verdict = "valid" if report.ok else f"{len(report.invalid)} invalid"
+    elif not empty or args.allow_empty:
+        _print_report(report, url, empty=empty)
+    if empty and not args.allow_empty:
         print(
-            f"{source.spec.to_url()}: {verdict}; checked {report.metadata} metadata files, "
-            f"{report.chunks} chunks; {report.other} other keys not judged; "
-            f"{len(report.skipped)} skipped"
+            f"n5fs validate: no array found in {url}: nothing to validate "
+            "(no N5, Zarr or hdmf-zarr metadata; --allow-empty accepts that)",
+            file=sys.stderr,
         )
+        return 1
     return 0 if report.ok else 1
+
+
+def found_nothing(report: Report) -> bool:
+    """No group or array anywhere: every detected one has a metadata file, which is counted,
+    and a folder whose metadata could not be read is reported as invalid."""
+    return report.metadata == 0 and not report.invalid and not report.skipped
+
+
+def _print_report(report: Report, url: str, *, empty: bool) -> None:
+    for finding in sorted(report.invalid, key=lambda f: f.key):
+        print(f"INVALID {finding.key}: {finding.message} [{finding.rule}]")
+    for finding in sorted(report.skipped, key=lambda f: f.key):
+        print(f"SKIPPED {finding.key}: {finding.message}")
+    for leftover in report.leftovers:
+        print(f"LEFTOVER {leftover.describe()}")
+    if report.leftovers:
+        gone = sum(1 for leftover in report.leftovers if leftover.dead)
+        print(
+            f"{len(report.leftovers)} leftovers of interrupted writers ({gone} of writers that "
+            "are gone: the next read-write mount removes those)"
+        )
+    if empty:
+        verdict = "no array found"
+    else:
+        verdict = "valid" if report.ok else f"{len(report.invalid)} invalid"
+    print(
+        f"{url}: {verdict}; checked {report.metadata} metadata files, "
+        f"{report.chunks} chunks; {report.other} other keys not judged; "
+        f"{len(report.skipped)} skipped"
+    )
 
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -161,7 +318,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="show which formats, groups and arrays a store holds",
         description="Detect the format of every folder of SOURCE (TensorStore's auto "
         "algorithm, extended to groups) and print one line per group and array, or --json "
-        "with the TensorStore spec that opens each array. Exit 0, or 2 with the reason.",
+        "with the TensorStore spec that opens each array. Exit 0, or 2 with the reason (no "
+        "metadata found, SOURCE does not exist, ...).",
     )
     p.add_argument("source", metavar="SOURCE", help="URL or JSON kvstore spec (see n5fs --help)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -173,8 +331,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="check every metadata file and chunk of a store (fsck)",
         description="Walk the detected hierarchy of SOURCE and check every metadata file and "
         "every chunk against its format's spec, in parallel with bounded memory. Shows progress "
-        "on a terminal. Exit 0 when all is valid, 1 when something is not, 2 when it could not "
-        "run. Keys that are neither metadata nor chunks are counted, not judged.",
+        "on a terminal. Exit 0 when all is valid, 1 when something is not (or when SOURCE holds "
+        "no group or array at all), 2 when it could not run (e.g. SOURCE does not exist). Keys "
+        "that are neither metadata nor chunks are counted, not judged.",
     )
     p.add_argument("source", metavar="SOURCE", help="URL or JSON kvstore spec (see n5fs --help)")
     p.add_argument(
@@ -189,6 +348,12 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=None,
         metavar="N",
         help="parallel chunk checks (default: CPUs on a local store; 2 per CPU, at least 8, on a remote one)",
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="exit 0 when SOURCE holds no group or array (a folder that may still be empty, "
+        "e.g. n5fs validate --allow-empty /data/incoming); by default that is exit 1",
     )
     add_s3_arguments(p)
     p.set_defaults(run=run_validate)

@@ -44,12 +44,21 @@ class ConfigError(InvalidSource):
 
 @dataclass(frozen=True)
 class S3Settings:
-    """The ``[s3]`` table: applied to the S3 store of the source (also under a zip)."""
+    """The ``[s3]`` table: applied to the S3 store of the source (also under a zip). Also
+    what the ``--endpoint``/``--s3-*`` flags and ``-o s3_*`` options say."""
 
     endpoint: str | None = None
     region: str | None = None
     profile: str | None = None
     anonymous: bool | None = None
+    connect_timeout: float | None = None
+    read_timeout: float | None = None
+    retries: int | None = None
+
+    def overridden_by(self, other: S3Settings) -> S3Settings:
+        """These settings, with what ``other`` sets replacing them."""
+        changes = {f.name: getattr(other, f.name) for f in dataclasses.fields(other)}
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -224,11 +233,40 @@ def _options(value: object) -> tuple[str, ...]:
     return tuple(v.strip() for v in value)
 
 
+def s3_timeout(value: object) -> float:
+    """Seconds for an S3 timeout: a number (or its text) above 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"expected a number of seconds, got {_type_name(value)} {value!r}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"cannot read {value!r} as seconds; write e.g. 5 or 0.5") from None
+    if not (seconds > 0 and seconds != float("inf")):
+        raise ValueError(f"a timeout must be more than 0 seconds, got {value!r}")
+    return seconds
+
+
+def s3_retries(value: object) -> int:
+    """How often an S3 request is retried after its first attempt: 0 to 20."""
+    from n5fs.kvstore.spec import S3_RETRY_LIMIT
+
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected a whole number of retries, got {_type_name(value)} {value!r}")
+    if not 0 <= value <= S3_RETRY_LIMIT:
+        raise ValueError(f"retries must be between 0 and {S3_RETRY_LIMIT}, got {value}")
+    return value
+
+
 _S3_KEYS: dict[str, Callable[[object], Any]] = {
     "endpoint": _string,
     "region": _string,
     "profile": _string,
     "anonymous": _boolean,
+    "connect_timeout": s3_timeout,
+    "read_timeout": s3_timeout,
+    "retries": s3_retries,
 }
 
 
@@ -293,8 +331,44 @@ def _apply_s3(spec: StoreSpec, settings: S3Settings) -> StoreSpec | None:
         "aws_region": settings.region,
         "profile": settings.profile,
         "anonymous": settings.anonymous,
+        "connect_timeout": settings.connect_timeout,
+        "read_timeout": settings.read_timeout,
+        "max_retries": settings.retries,
     }
     return dataclasses.replace(spec, **{k: v for k, v in changes.items() if v is not None})
+
+
+#: ``-o`` options (mount, fstab) that are S3 settings: taken out before libfuse sees them
+S3_OPTIONS = {
+    "s3_connect_timeout": "connect_timeout",
+    "s3_read_timeout": "read_timeout",
+    "s3_retries": "retries",
+}
+
+
+def take_s3_options(groups: list[str] | None) -> tuple[list[str], S3Settings]:
+    """Split ``-o`` groups into the others (kept in order) and the S3 settings they carry
+    (``s3_connect_timeout=SECONDS``, ``s3_read_timeout=SECONDS``, ``s3_retries=N``; a later
+    one wins)."""
+    from n5fs.fuse_front.options import split_options
+
+    kept: list[str] = []
+    values: dict[str, Any] = {}
+    for group in groups or []:
+        rest = []
+        for item in split_options(group):
+            name, _, value = item.partition("=")
+            field = S3_OPTIONS.get(name.strip())
+            if field is None:
+                rest.append(item)
+                continue
+            try:
+                values[field] = _S3_KEYS[field](value.strip())
+            except (TypeError, ValueError) as exc:
+                raise InvalidSource(f"-o {name.strip()}: {exc}") from None
+        if rest:
+            kept.append(",".join(i.replace("\\", "\\\\").replace(",", "\\,") for i in rest))
+    return kept, S3Settings(**values)
 
 
 # == merging with the command line ================================================================

@@ -35,7 +35,8 @@ log = logging.getLogger("n5fs.cli.daemon")
 
 READY_TOKEN = b"\x00n5fs-ready\n"
 PID_TAG = b"\x00n5fs-pid "
-#: libfuse 3.14 prints this on every mount; it means nothing to a user
+#: libfuse 3.14 prints this on every mount unless max_idle_threads is set (n5fs sets it:
+#: fuse_front/options.py ``loop_options``); dropped here too, for a user's own ``-o`` values
 _NOISE = ("Ignoring invalid max threads",)
 _LOG_FORMAT = "%(asctime)s n5fs[%(process)d] %(levelname)s %(name)s: %(message)s"
 
@@ -46,10 +47,10 @@ def daemonize(
     what: str,
     log_file: str | None,
     timeout: float,
-) -> int:
-    """Run ``body(ready)`` in a daemon. Returns 0 once the body calls ``ready()``; raises
-    MountFailed with the daemon's words if it exits first, or after ``timeout`` seconds
-    (the daemon is then stopped). ``what`` names the job in messages."""
+) -> int | None:
+    """Run ``body(ready)`` in a daemon. Returns the daemon's pid once the body calls
+    ``ready()``; raises MountFailed with the daemon's words if it exits first, or after
+    ``timeout`` seconds (the daemon is then stopped). ``what`` names the job in messages."""
     if threading.active_count() > 1:
         raise MountFailed(
             f"cannot go to the background with {threading.active_count()} threads running "
@@ -73,7 +74,7 @@ def daemonize(
     os.close(write_fd)
     os.close(log_fd)
     os.waitpid(pid, 0)
-    return await_ready(read_fd, what=what, timeout=timeout)
+    return await_daemon(read_fd, what=what, timeout=timeout)
 
 
 def open_log(log_file: str | None) -> int:
@@ -115,8 +116,15 @@ def _daemon_main(  # pragma: no cover - runs in the daemon
 
 
 def await_ready(read_fd: int, *, what: str, timeout: float) -> int:
-    """Read the daemon's status pipe until it says ready (0), closes without (MountFailed
-    with its words), or the time is up (the daemon is stopped; MountFailed)."""
+    """:func:`await_daemon`, returning 0 once the daemon is ready."""
+    await_daemon(read_fd, what=what, timeout=timeout)
+    return 0
+
+
+def await_daemon(read_fd: int, *, what: str, timeout: float) -> int | None:
+    """Read the daemon's status pipe until it says ready (its pid, as it announced it),
+    closes without (MountFailed with its words), or the time is up (the daemon is stopped;
+    MountFailed)."""
     buf = b""
     deadline = time.monotonic() + timeout
     try:
@@ -137,7 +145,7 @@ def await_ready(read_fd: int, *, what: str, timeout: float) -> int:
     for line in daemon_lines(buf):
         if line.startswith("n5fs"):
             print(line, file=sys.stderr)  # the daemon's warnings from before it was ready
-    return 0
+    return daemon_pid(buf)
 
 
 def daemon_lines(buf: bytes) -> list[str]:
@@ -150,12 +158,23 @@ def daemon_lines(buf: bytes) -> list[str]:
     ]
 
 
-def _stop_daemon(buf: bytes) -> None:
+def daemon_pid(buf: bytes) -> int | None:
+    """The pid the daemon announced first thing on its pipe (None if it had no time to)."""
     start = buf.find(PID_TAG)
-    if start >= 0:
-        end = buf.find(b"\n", start)
-        with contextlib.suppress(ValueError, ProcessLookupError):
-            os.kill(int(buf[start + len(PID_TAG) : end]), signal.SIGTERM)
+    end = buf.find(b"\n", start)
+    if start < 0 or end < 0:
+        return None
+    try:
+        return int(buf[start + len(PID_TAG) : end])
+    except ValueError:
+        return None
+
+
+def _stop_daemon(buf: bytes) -> None:
+    pid = daemon_pid(buf)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
 
 
 # == state files ==================================================================================

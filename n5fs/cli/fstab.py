@@ -4,10 +4,12 @@ mount(8) calls ``/sbin/mount.n5fs SOURCE DIR [-sfnv] [-N NS] [-o OPTIONS] [-t TY
 every option of the fstab line, its own included. Those that only steer mount(8), systemd's
 fstab generator or the boot (``_netdev``, ``noauto``, ``nofail``, ``user``, ``x-systemd.*``,
 ``defaults``, ...) are dropped here; n5fs's own (``validate=``, ``cache_size=``,
-``cache_ttl=``, ``ro``) and libfuse's (``allow_other``, ``default_permissions``, ``uid=``,
+``cache_ttl=``, ``ro``, ``s3_connect_timeout=``, ``s3_read_timeout=``, ``s3_retries=``) and
+libfuse's (``allow_other``, ``default_permissions``, ``uid=``,
 ``nosuid``, ...) go to ``n5fs mount -o``, where libfuse refuses any it does not know, with its
 message; ``log_level=`` and ``log_file=`` become the flags of the same names. The mount then
-goes to the background as ``n5fs mount`` does, and this helper returns once it answers.
+goes to the background as ``n5fs mount`` does, and this helper returns once it answers,
+silently (``--quiet``) unless ``-v``.
 
 Exit status as mount(8) documents for helpers: 0 mounted, 1 bad invocation, 32 the mount failed.
 """
@@ -89,9 +91,12 @@ def translate_options(groups: Sequence[str]) -> HelperCall:
 
 
 def mount_argv(source: str, directory: str, call: HelperCall, *, verbose: bool) -> list[str]:
-    """The ``n5fs`` command line (without the program name) the helper runs."""
+    """The ``n5fs`` command line (without the program name) the helper runs: quiet on
+    success, as mount(8) helpers are, unless ``-v``."""
     argv = ["-v"] if verbose else []
     argv += ["mount", source, directory, *call.flags]
+    if not verbose:
+        argv.append("--quiet")
     if call.options:
         argv += ["-o", ",".join(_escape(item) for item in call.options)]
     return argv

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 from typing import TYPE_CHECKING
 
 from n5fs import __version__
@@ -52,7 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
     from n5fs.cli.mount import add_mount_commands
 
     add_mount_commands(sub)
+    for command in sub.choices.values():
+        command.formatter_class = WholeWordsFormatter
     return parser
+
+
+class WholeWordsFormatter(argparse.HelpFormatter):
+    """argparse's help, wrapped at spaces only: a line never ends inside ``--allow-empty``
+    or ``mkdir -p``, so the flags and examples of the help can be copied as they are."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            " ".join(text.split()),
+            width,
+            initial_indent=indent,
+            subsequent_indent=indent,
+            break_on_hyphens=False,
+        )
 
 
 def _no_command(parser: argparse.ArgumentParser) -> int:
@@ -114,7 +134,21 @@ def configure_logging(verbose: int) -> None:
     logger.propagate = False
 
 
+#: the exit status of a process killed by SIGPIPE, as a shell reports it (128 + 13)
+EXIT_BROKEN_PIPE = 128 + 13
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status (2: it could not run, with the reason on stderr)."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # here, so that a closed pipe is seen now, not at exit
+    except BrokenPipeError:
+        return _stdout_gone()
+    return code
+
+
+def _run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
@@ -125,3 +159,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _stdout_gone() -> int:
+    """The reader of stdout went away (``n5fs status --json | head -1``): end quietly, as a
+    process killed by SIGPIPE would, without a traceback. Python ignores SIGPIPE, so the
+    write raised instead; stdout is pointed at /dev/null so that flushing it at exit cannot
+    fail again (docs.python.org, signal module, "Note on SIGPIPE")."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a non-file (a test's capture)
+        return EXIT_BROKEN_PIPE
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE

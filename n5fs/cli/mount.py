@@ -7,10 +7,16 @@ workers), ``setsid``, fork again, and the daemon opens the store afresh. The cal
 only once the mount answers (a stat of its root was served), or with the daemon's own words
 (libfuse's message included) when it could not mount. FUSE is imported in the daemon only.
 
+What is decided before the fork is the plan (cli/plan.py): every local path made absolute
+(the daemon works in ``/`` and must serve the tree ``--foreground`` serves), the mount point
+checked. Once the daemon answers, ``mount`` prints one line on stdout (``mounted SOURCE at
+MOUNTPOINT (pid N, log FILE)``; ``--quiet`` drops it); in the foreground it prints nothing of
+its own (systemd and the terminal see the log).
+
 A running mount leaves a state file (source, mode, pid, log) in the state directory
 (``$N5FS_STATE_DIR``, else ``$XDG_RUNTIME_DIR/n5fs``, ``/run/n5fs`` for root, or
-``/tmp/n5fs-UID``); ``status`` joins them with the kernel's mount table and each mount's
-``/.n5fs/stats.json``.
+``/tmp/n5fs-UID``); ``status`` (cli/status.py) joins them with the kernel's mount table and
+each mount's ``/.n5fs/stats.json``.
 
 Under systemd (``systemd/n5fs@.service``) the mount runs with ``--foreground --config FILE``
 (cli/config.py): the process is the unit's main process and reports READY=1, STATUS= and
@@ -20,155 +26,30 @@ STOPPING=1 over ``NOTIFY_SOCKET`` (cli/sdnotify.py).
 from __future__ import annotations
 
 import argparse
-import errno
-import json
 import logging
 import os
 import sys
-import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from n5fs.cli.commands import add_s3_arguments, source_from_args
 from n5fs.cli.config import apply_config, load_config
-from n5fs.cli.daemon import (
-    daemonize,
-    process_alive,
-    read_state,
-    remove_state,
-    state_dir,
-    state_path,
-    wait_exit,
-    write_state,
-)
+from n5fs.cli.daemon import daemonize, read_state, remove_state, state_path, wait_exit, write_state
+from n5fs.cli.plan import MountPlan, make_plan
 from n5fs.cli.sdnotify import Notifier, ServiceLink, status_line
+from n5fs.cli.status import run_status
 from n5fs.errors import InvalidSource, N5fsError
-from n5fs.fuse_front.mounts import MountFailed, is_stale, mount_entry, mounts, unmount
-from n5fs.fuse_front.options import (
-    VALIDATE_MODES,
-    MountOptions,
-    parse_options,
-    parse_seconds,
-    parse_size,
-)
+from n5fs.fuse_front.mounts import MountFailed, is_stale, mount_entry, unmount
+from n5fs.fuse_front.options import VALIDATE_MODES, parse_seconds, parse_size
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+__all__ = ["add_mount_commands", "make_plan", "serve_plan"]
+
 log = logging.getLogger("n5fs.cli.mount")
 
 READY_TIMEOUT = 60.0
-DEFAULT_CACHE = 256 << 20
-DEFAULT_TTL = 5.0
-DEFAULT_STAGING = 256 << 20
-DEFAULT_MAX_FILE_SIZE = 1 << 40
-#: n5fs's ``-o`` sizes that fuse_front.options leaves among libfuse's: taken out here
-_OWN_SIZE_OPTIONS = ("staging_size", "max_file_size")
-
-
-# == the plan: everything decided before forking ==================================================
-
-
-@dataclass(frozen=True)
-class MountPlan:
-    source: str
-    fsname: str
-    mountpoint: str
-    options: MountOptions
-    validate: str
-    cache_bytes: int
-    ttl: float
-    log_file: str | None
-    staging_bytes: int = DEFAULT_STAGING
-    max_file_size: int = DEFAULT_MAX_FILE_SIZE
-
-    @property
-    def read_only(self) -> bool:
-        return self.options.read_only
-
-
-def make_plan(args: argparse.Namespace) -> MountPlan:
-    opts = parse_options(args.options or [])
-    sizes = _own_sizes(opts)
-    mountpoint = check_mountpoint(args.mountpoint)
-    fsname = probe_source(args.source, read_only=opts.read_only)
-    cache = args.cache_size if args.cache_size is not None else opts.cache_bytes
-    ttl = args.cache_ttl if args.cache_ttl is not None else opts.ttl
-    log_file = args.log_file
-    if log_file is None and not args.foreground:
-        log_file = str(state_path(mountpoint).with_suffix(".log"))
-    return MountPlan(
-        source=args.source,
-        fsname=fsname,
-        mountpoint=mountpoint,
-        options=opts,
-        validate=args.validate or opts.validate or "strict",
-        cache_bytes=DEFAULT_CACHE if cache is None else cache,
-        ttl=DEFAULT_TTL if ttl is None else ttl,
-        log_file=log_file,
-        staging_bytes=_pick(args.staging_size, sizes.get("staging_size"), DEFAULT_STAGING),
-        max_file_size=_pick(args.max_file_size, sizes.get("max_file_size"), DEFAULT_MAX_FILE_SIZE),
-    )
-
-
-def _own_sizes(opts: MountOptions) -> dict[str, int]:
-    """Take ``staging_size=`` and ``max_file_size=`` out of the options meant for libfuse
-    (which would refuse them) and read them as sizes."""
-    sizes: dict[str, int] = {}
-    for name in _OWN_SIZE_OPTIONS:
-        value = opts.fuse.pop(name, None)
-        if value is True:
-            raise InvalidSource(f"-o {name} needs a size, e.g. {name}=512M")
-        if isinstance(value, str):
-            sizes[name] = parse_size(value)
-    return sizes
-
-
-def _pick(flag: int | None, option: int | None, default: int) -> int:
-    """The command-line flag, else the ``-o`` option (or config file), else the default."""
-    if flag is not None:
-        return flag
-    return default if option is None else option
-
-
-def check_mountpoint(path: str) -> str:
-    """An existing directory that nothing is mounted on; a stale FUSE mount there (its
-    daemon died) is detached first, as systemd's restart expects."""
-    mountpoint = os.path.abspath(path)
-    if is_stale(mountpoint):
-        log.warning("%s is a stale mount (its daemon is gone); detaching it", mountpoint)
-        unmount(mountpoint, lazy=True)
-    if not os.path.isdir(mountpoint):
-        raise MountFailed(f"mountpoint {mountpoint} is not a directory")
-    entry = mount_entry(mountpoint)
-    if entry is not None:
-        raise MountFailed(f"{mountpoint} is already mounted ({entry.fstype} from {entry.source})")
-    return mountpoint
-
-
-def probe_source(text: str, *, read_only: bool) -> str:
-    """Open the source, list its root and detect its format, then close it again: errors
-    surface here, before the fork. Returns the name the mount shows (``df``, ``mount``)."""
-    from n5fs.cli.commands import open_cli_source
-    from n5fs.detect import Detector
-    from n5fs.kvstore.spec import FileSpec
-
-    source = open_cli_source(text, read_only=read_only)
-    with source.store:
-        spec = source.spec
-        local = isinstance(spec, FileSpec) and source.container is None
-        if local and not os.path.isdir(spec.path):
-            raise InvalidSource(f"{text}: no such directory")
-        source.store.list("")
-        try:
-            folder = Detector(source.store).folder("")
-            fmt = f" ({folder.fmt})" if folder.fmt else ""
-            log.info("%s: the root folder is a %s%s", text, folder.kind.value, fmt)
-        except N5fsError as exc:
-            log.warning("%s: the root folder's format is unclear: %s", text, exc)
-    return spec.to_url() if text.lstrip().startswith("{") else text
 
 
 # == serving (foreground, or inside the daemon) ===================================================
@@ -186,7 +67,7 @@ def serve_plan(
     from n5fs.cli.commands import open_cli_source
     from n5fs.fuse_front._lib import LIBFUSE_VERSION, describe
     from n5fs.fuse_front.mount import serve
-    from n5fs.fuse_front.options import fuse_options, render
+    from n5fs.fuse_front.options import fuse_options, loop_options, render
     from n5fs.gateway import Gateway, GatewayConfig
 
     source = open_cli_source(plan.source, read_only=plan.read_only)
@@ -206,6 +87,7 @@ def serve_plan(
         fsname=plan.fsname,
         libfuse_major=LIBFUSE_VERSION[0],
     )
+    fuse.update(loop_options(plan.options, libfuse_major=LIBFUSE_VERSION[0]))
     state = {
         "mountpoint": plan.mountpoint,
         "source": plan.source,
@@ -238,6 +120,7 @@ def serve_plan(
             fuse,
             on_ready=ready,
             on_stopping=None if link is None else link.stopping,
+            on_stop_refused=None if link is None else link.refused,
         )
     finally:
         if link is not None:
@@ -250,6 +133,7 @@ def serve_plan(
 
 def run_mount(args: argparse.Namespace) -> int:
     if args.config is not None:
+        args.config = os.path.abspath(os.path.expanduser(args.config))
         apply_config(args, load_config(args.config))
     for name, what in (("source", "SOURCE"), ("mountpoint", "MOUNTPOINT")):
         if getattr(args, name) is None:
@@ -263,11 +147,22 @@ def run_mount(args: argparse.Namespace) -> int:
     if args.foreground:
         return run_foreground(args)
     plan = make_plan(args)
-    return daemonize(
+    pid = daemonize(
         lambda ready: serve_plan(plan, on_ready=ready),
-        what=f"mount of {plan.source} at {plan.mountpoint}",
+        what=f"mount of {plan.fsname} at {plan.mountpoint}",
         log_file=plan.log_file,
         timeout=READY_TIMEOUT,
+    )
+    if not args.quiet:
+        print(mounted_line(plan, pid))
+    return 0
+
+
+def mounted_line(plan: MountPlan, pid: int | None) -> str:
+    """What a background mount prints once it answers (stdout: scripts may keep it)."""
+    return (
+        f"mounted {plan.fsname} at {plan.mountpoint} "
+        f"(pid {'?' if pid is None else pid}, log {plan.log_file or 'none'})"
     )
 
 
@@ -297,6 +192,14 @@ def run_unmount(args: argparse.Namespace) -> int:
         raise MountFailed(f"{mountpoint} is a {entry.fstype} mount; n5fs unmounts FUSE mounts")
     path = state_path(mountpoint)
     state = read_state(path)
+    if not (stale or args.discard):
+        log_file = state.get("log_file") if state is not None else None
+        refusal = _flush_staged(
+            mountpoint, log_file if isinstance(log_file, str) else None, args.timeout
+        )
+        if refusal is not None:
+            print(f"n5fs unmount: {refusal}", file=sys.stderr)
+            return 1
     unmount(mountpoint, lazy=args.lazy or stale)
     pid = state.get("pid") if state is not None else None
     if isinstance(pid, int) and not wait_exit(pid, args.timeout):
@@ -309,77 +212,73 @@ def run_unmount(args: argparse.Namespace) -> int:
     return 0
 
 
-def mount_status(timeout: float = 2.0) -> list[dict[str, Any]]:
-    """Every n5fs mount of the kernel's table with its state file and counters, then state
-    files whose mount is gone."""
-    rows: list[dict[str, Any]] = []
-    seen: set[Path] = set()
-    for entry in mounts():
-        if not entry.is_n5fs:
-            continue
-        path = state_path(entry.mountpoint)
-        seen.add(path)
-        state = read_state(path) or {}
-        row: dict[str, Any] = {"mountpoint": entry.mountpoint, "source": entry.source, **state}
-        row["state"], row["counters"] = _health(entry.mountpoint, timeout)
-        rows.append(row)
-    directory = state_dir()
-    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-        orphan = read_state(path) if path not in seen else None
-        if orphan is not None:
-            rows.append({**orphan, "state": _orphan_state(orphan), "counters": {}})
-    return rows
+def _flush_staged(mountpoint: str, log_file: str | None, timeout: float) -> str | None:
+    """Have the daemon write what its store holds staged (a zip archive's rewrite) while the
+    mount is still up: an fsync of ``/.n5fs/stats.json`` flushes the store. Returns why the
+    mount must stay, or None: done, or nobody to ask (no control file: not an n5fs mount, or
+    its daemon just died; or not ours to open: the daemon then writes it as it exits)."""
+    import errno
+    import threading
 
+    from n5fs.gateway.namespace import CONTROL
 
-def _orphan_state(state: dict[str, Any]) -> str:
-    """A state file without its mount: a daemon still finishing, or one that was killed."""
-    pid = state.get("pid")
-    if isinstance(pid, int) and process_alive(pid):
-        return "daemon running, not mounted"
-    return "not mounted (stale state file)"
+    offset = os.path.getsize(log_file) if log_file and os.path.exists(log_file) else 0
+    failed: list[OSError] = []
+    unasked: list[OSError] = []
 
-
-def _health(mountpoint: str, timeout: float) -> tuple[str, dict[str, Any]]:
-    """Read ``/.n5fs/stats.json`` in a helper thread: a hung mount must not hang status."""
-    result: dict[str, Any] = {}
-
-    def read() -> None:
+    def flush() -> None:
         try:
-            result["stats"] = json.loads(Path(mountpoint, ".n5fs", "stats.json").read_bytes())
-        except Exception as exc:  # noqa: BLE001 (any failure is a state to show)
-            result["error"] = exc
+            fd = os.open(os.path.join(mountpoint, CONTROL, "stats.json"), os.O_RDONLY)
+        except OSError as exc:
+            unasked.append(exc)
+            return
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            failed.append(exc)
+        finally:
+            os.close(fd)
 
-    thread = threading.Thread(target=read, daemon=True)
+    thread = threading.Thread(target=flush, name="n5fs-unmount-flush", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        return f"not answering within {timeout:g} s", {}
-    error = result.get("error")
-    if isinstance(error, OSError) and error.errno == errno.ENOTCONN:
-        return "stale: its daemon is gone (run n5fs unmount)", {}
-    if error is not None:
-        return f"answering, no counters ({error})", {}
-    return "mounted", result["stats"]
-
-
-def run_status(args: argparse.Namespace) -> int:
-    rows = mount_status()
-    if args.json:
-        json.dump(rows, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
-    if not rows:
-        print("no n5fs mounts")
-    for row in rows:
-        mode = f"{row.get('mode', '?')},{row.get('validate', '?')}"
-        print(
-            f"{row.get('mountpoint')}  {row.get('source')}  {mode}  pid {row.get('pid', '?')}  "
-            f"{row['state']}"
+        return (
+            f"{mountpoint} is still mounted: its daemon is still writing what is staged after "
+            f"{timeout:g} s; run n5fs unmount again once it is done (or with a longer "
+            f"--timeout), or n5fs unmount --discard {mountpoint} to drop the changes"
         )
-        counters = row["counters"]
-        if counters:
-            print("    " + " ".join(f"{k}={v}" for k, v in sorted(counters.items())))
-    return 0
+    if unasked and unasked[0].errno in (errno.EACCES, errno.EPERM):
+        log.warning(
+            "cannot ask the daemon of %s to write what is staged first: %s", mountpoint, unasked[0]
+        )
+    if not failed or failed[0].errno == errno.ENOTCONN:
+        return None
+    code = failed[0].errno or errno.EIO
+    reason = _daemon_reason(log_file, offset) or os.strerror(code)
+    fix = "free space" if code == errno.ENOSPC else "fix the cause"
+    return (
+        f"{mountpoint} is still mounted: {reason}; the changes stay staged — {fix} and run "
+        f"n5fs unmount again, or n5fs unmount --discard {mountpoint} to drop them"
+    )
+
+
+def _daemon_reason(log_file: str | None, offset: int) -> str | None:
+    """The daemon's words for the failed fsync, from what its log gained since ``offset``."""
+    if not log_file:
+        return None
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(offset)
+            text = f.read(1 << 20).decode(errors="replace")
+    except OSError:
+        return None
+    marker = "fsync /.n5fs/stats.json: errno "  # the front's line for a failed call
+    for line in reversed(text.splitlines()):
+        at = line.find(marker)
+        if at >= 0:
+            return line[at + len(marker) :].partition("): ")[2].strip() or None
+    return None
 
 
 # == argparse =====================================================================================
@@ -404,8 +303,10 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "mount",
         help="mount a store as a directory tree (validating every write)",
         description="Mount SOURCE at MOUNTPOINT. Goes to the background once the mount "
-        "answers (exit 0), or exits 2 with the reason. Writes are validated at close() and "
-        "rename(); a refused one fails with EINVAL and is listed in MOUNTPOINT/.n5fs/rejections.",
+        "answers, prints 'mounted SOURCE at MOUNTPOINT (pid N, log FILE)' and exits 0, or exits "
+        "2 with the reason. Writes are validated at close() and rename(); a refused one fails "
+        "with EINVAL and is listed in MOUNTPOINT/.n5fs/rejections. A relative SOURCE is taken "
+        "from the current directory: cd /data && n5fs mount volume /mnt/v mounts /data/volume.",
     )
     p.add_argument(
         "source",
@@ -417,7 +318,8 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "mountpoint",
         metavar="MOUNTPOINT",
         nargs="?",
-        help="an existing directory; optional with --config",
+        help="an existing, empty directory (mkdir -p /mnt/v; -o nonempty mounts over files); "
+        "optional with --config",
     )
     p.add_argument(
         "--config",
@@ -432,9 +334,24 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         dest="options",
         action="append",
         metavar="OPTIONS",
-        help="comma-separated: ro, allow_other, default_permissions, validate=MODE, "
-        "cache_size=SIZE, cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE; others "
-        "go to libfuse",
+        help="comma-separated, e.g. -o ro,cache_size=1G: ro, allow_other (brings "
+        "default_permissions; no_default_permissions drops it), nonempty (mount over a "
+        "directory with files, hiding them), validate=MODE, cache_size=SIZE, "
+        "cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE, s3_connect_timeout=SECONDS, "
+        "s3_read_timeout=SECONDS, s3_retries=N; others go to libfuse",
+    )
+    p.add_argument(
+        "--read-only",
+        action="store_true",
+        help="same as -o ro: every write fails with EROFS, the kernel keeps the page cache "
+        "(n5fs mount --read-only s3://bucket/vol/ /mnt/v)",
+    )
+    p.add_argument(
+        "--allow-other",
+        action="store_true",
+        help="same as -o allow_other: other users may use the mount, with the kernel checking "
+        "the modes shown (default_permissions), so they can read but not write; needs "
+        "user_allow_other in /etc/fuse.conf unless root (n5fs mount --allow-other /data/v /mnt/v)",
     )
     p.add_argument(
         "--validate",
@@ -479,14 +396,23 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "-f",
         "--foreground",
         action="store_true",
-        help="stay in the foreground (systemd, debugging); logs go to stderr",
+        help="stay in the foreground (systemd, debugging); logs go to stderr, and nothing "
+        "else is printed",
+    )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print nothing once mounted (by default: 'mounted /data/v at /mnt/v (pid 4242, "
+        "log ...)'); errors are still printed",
     )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default=None)
     p.add_argument(
         "--log-file",
         default=None,
         metavar="PATH",
-        help="where the daemon logs (default: beside its state file)",
+        help="where the daemon logs, e.g. --log-file ./mount.log (a relative path is taken "
+        "from the current directory; default: beside its state file)",
     )
     p.set_defaults(run=run_mount)
 
@@ -494,9 +420,18 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "unmount",
         help="unmount an n5fs mount (also clears a stale one)",
         description="Unmount MOUNTPOINT and wait until its daemon has committed what was "
-        "staged and closed the store. A stale mount (daemon gone) is detached lazily.",
+        "staged and closed the store. First the daemon writes what its store holds staged "
+        "(a zip archive's rewrite) while still mounted; if it cannot (no space, store "
+        "unreachable), the mount stays, the reason is printed and the exit status is 1. A "
+        "stale mount (daemon gone) is detached lazily.",
     )
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument(
+        "--discard",
+        action="store_true",
+        help="unmount without first having the daemon write what is staged; what it then "
+        "cannot write as it exits (a zip archive's rewrite) is lost",
+    )
     p.add_argument(
         "-z",
         "--lazy",
@@ -508,7 +443,8 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         type=_seconds,
         default=60.0,
         metavar="SECONDS",
-        help="how long to wait for the daemon to finish (default 60)",
+        help="how long to wait for the daemon to write what is staged, and then to exit "
+        "(default 60 each)",
     )
     p.set_defaults(run=run_unmount)
 

@@ -193,10 +193,15 @@ class ServiceLink:
     ) -> None:
         self.notifier = notifier
         self.describe = describe
+        self._problem: str | None = None  # a refused stop, shown until the next attempt
         self._reporter = StatusReporter(
-            notifier, describe, status_interval() if interval is None else interval
+            notifier, self._status, status_interval() if interval is None else interval
         )
         self._started = False
+
+    def _status(self) -> str:
+        problem = self._problem
+        return self.describe() if problem is None else f"{problem}; {self.describe()}"
 
     def ready(self) -> None:
         self.notifier.ready(self.describe())
@@ -205,8 +210,14 @@ class ServiceLink:
             self._reporter.start()
 
     def stopping(self) -> None:
-        self._reporter.stop()
+        self._problem = None
         self.notifier.stopping(f"unmounting; {self.describe()}")
+
+    def refused(self, reason: str) -> None:
+        """A stop that cannot go on (staged changes the store will not take): STATUS= says
+        why, and keeps saying it in every periodic status until the next stop attempt."""
+        self._problem = reason
+        self.notifier.status(self._status())
 
     def close(self) -> None:
         """Stop the status updates (the notifier belongs to the caller)."""

@@ -7,6 +7,20 @@ entry and negative timeouts equal to the gateway's TTL (one LIST answers the ker
 as long as it answers the gateway's), ``kernel_cache`` on read-only mounts (re-reads at page
 cache speed), and on libfuse 2 ``big_writes`` (else writes arrive in 4 KiB pieces; libfuse 3
 negotiates 1 MiB writes by itself and refuses the option). An option the user gives wins.
+
+Two more choices guard other users and the data under the mount point:
+
+- ``allow_other`` brings ``default_permissions``: the kernel then checks the modes n5fs shows
+  (files 0644, folders 0755, owned by the mounting user) before a call reaches n5fs, so another
+  user can read but not write or delete. Without it the kernel lets every user's call through,
+  and n5fs, which stores no modes, would accept it. ``no_default_permissions`` (n5fs's own;
+  libfuse does not know it) keeps the old behaviour.
+- ``nonempty`` (n5fs's own; libfuse 3 refuses it) lets a mount hide the files of a non-empty
+  mount point; without it ``n5fs mount`` refuses such a mount point.
+
+:func:`loop_options` sets libfuse 3's ``max_idle_threads``: otherwise some libfuse 3 releases
+(3.14 among them) pass their "unlimited" default through a range check that prints "Ignoring
+invalid max threads value 4294967295 > max (100000)." on every mount (libfuse issue #1003).
 """
 
 from __future__ import annotations
@@ -29,6 +43,11 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _CACHE_CHOICES = ("kernel_cache", "auto_cache", "noauto_cache", "direct_io")
 #: libfuse 2 accepts at most 128 KiB per write request
 LIBFUSE2_MAX_WRITE = 128 << 10
+#: libfuse 3's default ``max_threads`` (3.12+), and its default ``max_idle_threads`` before
+#: 3.12: an idle-thread cap equal to the thread cap changes nothing but the warning
+LIBFUSE3_MAX_THREADS = 10
+#: the largest thread count libfuse 3 accepts (``FUSE_LOOP_MT_MAX_THREADS``)
+LIBFUSE3_THREAD_LIMIT = 100_000
 
 
 def parse_size(text: str) -> int:
@@ -64,6 +83,10 @@ class MountOptions:
     validate: str | None = None
     cache_bytes: int | None = None
     ttl: float | None = None
+    #: mount over a non-empty directory (``-o nonempty``), hiding what it holds
+    nonempty: bool = False
+    #: ``-o no_default_permissions``: ``allow_other`` without the kernel's mode checks
+    no_default_permissions: bool = False
     fuse: dict[str, FuseValue] = field(default_factory=dict)
 
 
@@ -103,7 +126,14 @@ def _apply(opts: MountOptions, name: str, value: str | None) -> None:
         opts.ttl = parse_seconds(value)
     elif name in ("subtype", "fsname"):
         pass  # n5fs names its mounts itself: `n5fs status` finds them by subtype
+    elif name == "nonempty" and value is None:
+        opts.nonempty = True  # checked by n5fs; libfuse 3 refuses the option
+    elif name == "no_default_permissions" and value is None:
+        opts.no_default_permissions = True
+        opts.fuse.pop("default_permissions", None)
     else:
+        if name == "default_permissions":
+            opts.no_default_permissions = False
         opts.fuse[name] = True if value is None else value
 
 
@@ -136,8 +166,24 @@ def fuse_options(
     if libfuse_major == 2:
         chosen["big_writes"] = True
         chosen["max_write"] = str(LIBFUSE2_MAX_WRITE)
+    if opts.fuse.get("allow_other") and not opts.no_default_permissions:
+        chosen["default_permissions"] = True  # other users get what the modes say, no more
     chosen.update(opts.fuse)
     return chosen
+
+
+def loop_options(opts: MountOptions, *, libfuse_major: int) -> dict[str, FuseValue]:
+    """libfuse 3's worker-pool options: ``max_idle_threads`` equal to the thread cap (the
+    user's ``max_threads=``, else libfuse's 10), unless the user set it. Behaviour is as
+    without it (idle threads never outnumber threads), but libfuse stays quiet (module
+    docstring). Nothing for libfuse 2, which knows neither option."""
+    if libfuse_major < 3 or "max_idle_threads" in opts.fuse:
+        return {}
+    threads = opts.fuse.get("max_threads")
+    cap = LIBFUSE3_MAX_THREADS
+    if isinstance(threads, str) and threads.isdigit():
+        cap = min(max(int(threads), 1), LIBFUSE3_THREAD_LIMIT)
+    return {"max_idle_threads": str(cap)}
 
 
 def _seconds(value: float) -> str:
