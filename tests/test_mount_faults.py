@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -183,3 +187,88 @@ def test_killed_daemon_leaves_no_multipart_upload(
         "the new mount aborts the dead daemon's upload",
     )
     assert "big" not in os.listdir(mp2)
+
+
+class SilencingProxy:
+    """A TCP proxy to the S3 server that can go silent: it then keeps every connection open
+    and never answers (what a hung endpoint or a black-holed network looks like)."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.removeprefix("http://").split(":")
+        self.target = (host, int(port))
+        self.silent = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.sockets.append(client)
+            if self.silent.is_set():
+                continue  # held open, never answered
+            upstream = socket.create_connection(self.target)
+            self.sockets.append(upstream)
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if self.silent.is_set():
+                    return  # swallow: the request is never answered
+                dst.sendall(data)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self.server.close()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+
+@pytest.mark.s3
+def test_silent_s3_endpoint_answers_eio_in_bounded_time(
+    mounter, tmp_path: Path, s3_server, s3_bucket
+) -> None:
+    client = s3_server.client()
+    for i in range(3):
+        client.put_object(Bucket=s3_bucket, Key=f"data/d{i}/k", Body=b"x")
+    proxy = SilencingProxy(s3_server.endpoint)
+    try:
+        spec = {"driver": "s3", "bucket": s3_bucket, "path": "data/", "endpoint": proxy.endpoint}
+        mp = mounter.daemon(json.dumps(spec), "--cache-ttl", "0")
+        assert {"d0", "d1", "d2"} <= set(os.listdir(mp))
+        proxy.silent.set()
+        outcome: dict[str, object] = {}
+
+        def call(name: str, action: Callable[[], object]) -> None:
+            start = time.monotonic()
+            try:
+                action()
+                outcome[name] = "answered"
+            except OSError as exc:
+                outcome[name] = exc.errno
+            print(f"{name} on a silent endpoint: {time.monotonic() - start:.1f} s")
+
+        workers = [
+            threading.Thread(target=call, args=args, daemon=True)
+            for args in (
+                ("listdir", lambda: os.listdir(mp / "d1")),
+                ("stat", lambda: os.stat(mp / "d2" / "absent")),
+                ("read", lambda: (mp / "d0" / "k").read_bytes()),
+            )
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=120)  # a hang check, not a speed assertion
+        assert outcome == {"listdir": errno.EIO, "stat": errno.EIO, "read": errno.EIO}
+    finally:
+        proxy.silent.clear()
+        proxy.close()

@@ -20,6 +20,10 @@ of many megabytes that keeps streaming never times out. A server that stays sile
 during a large copy needs a larger ``read_timeout``; a slow link, a larger
 ``connect_timeout``; a flaky one, more ``max_retries`` (flags ``--s3-connect-timeout``,
 ``--s3-read-timeout``, ``--s3-retries``). DNS lookups are not bounded by these timeouts.
+A POSIX call that would make several requests one after another (a lookup per path
+component) does not pay this budget for each: once one request has timed out,
+:class:`~n5fs.kvstore.s3_errors.SilentEndpoint` fails the next 10 s of requests at once, so
+the call answers EIO about 8 s after the endpoint went silent (measured through a mount).
 
 Timestamps. :meth:`S3Store.set_mtime` stores the time as user metadata ``x-amz-meta-mtime``
 (seconds with nine decimals, ``1700000000.250000000``: rclone writes and reads it so, and
@@ -56,7 +60,14 @@ from n5fs.errors import InvalidSource, KeyNotFound, N5fsError, NotSupported
 from n5fs.kvstore import s3_uploads
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, slice_bytes
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix
-from n5fs.kvstore.s3_errors import ABSENT, EMPTY_RANGE, error_code, translate, unwrapped
+from n5fs.kvstore.s3_errors import (
+    ABSENT,
+    EMPTY_RANGE,
+    SilentEndpoint,
+    error_code,
+    translate,
+    unwrapped,
+)
 from n5fs.kvstore.s3_headers import copy_args, mtime_of
 from n5fs.kvstore.s3_uploads import Upload, UploadJournal
 from n5fs.kvstore.spec import S3Spec
@@ -134,6 +145,7 @@ class S3Store(KvStore):
         self._spec = spec
         self._prefix = dir_prefix(spec.path) if spec.path else ""
         self._client = _client_for(spec, max_workers)
+        SilentEndpoint(self.where).attach(self._client)
         self._max_workers = max_workers
         self._threshold = multipart_threshold
         self._part_size = part_size
