@@ -75,7 +75,8 @@ def test_files_and_directories(gw: Gateway) -> None:
     assert gw.stat("/a").kind is EntryKind.DIR
     assert gw.stat("/a/b/readme.txt").size == 5
     assert gw.read_file("/a/b/readme.txt") == b"hello"
-    assert [n for n, _ in gw.readdir("/")] == [".n5fs", "a"]
+    assert [n for n, _ in gw.readdir("/")] == ["a"]  # /.n5fs: reachable, never listed
+    assert gw.stat("/.n5fs").kind is EntryKind.DIR
     with pytest.raises(KeyNotFound):
         gw.stat("/a/nothing")
     with pytest.raises(KeyNotFound):

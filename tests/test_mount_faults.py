@@ -272,3 +272,18 @@ def test_silent_s3_endpoint_answers_eio_in_bounded_time(
     finally:
         proxy.silent.clear()
         proxy.close()
+
+
+def test_the_control_folder_does_not_travel(mounter, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "g").mkdir(parents=True)
+    (src / "g" / ".zgroup").write_text('{"zarr_format": 2}')
+    mp = mounter.daemon(str(src))
+    assert ".n5fs" not in os.listdir(mp)
+    assert (mp / ".n5fs" / "stats.json").is_file()  # reachable by its path
+    shutil.copytree(mp, tmp_path / "copy")
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["g"]
+    listing = subprocess.run(
+        ["tar", "-C", str(mp), "-cf", "-", "."], capture_output=True, check=True
+    ).stdout
+    assert b".n5fs" not in listing

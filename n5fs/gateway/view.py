@@ -146,8 +146,8 @@ class NamespaceView:
             vdirs = [basename(v) for v in self._vdirs if parent(v) == key]
         for name in itertools.chain(entries.dirs, vdirs):
             out[name] = Attr(EntryKind.DIR, writable=writable)
-        if not key:
-            out[CONTROL] = Attr(EntryKind.DIR, writable=False)
+        # /.n5fs is reachable by its path but never listed (ZFS's snapdir=hidden): cp -r,
+        # tar and rsync of a mount must not carry the control entries along
         return sorted(out.items())
 
     def links(self, prefix: str) -> dict[str, str]:
