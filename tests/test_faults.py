@@ -252,3 +252,25 @@ def test_validate_cli_lists_leftovers(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr  # leftovers are reported, not invalid
     assert f"LEFTOVER temp file x/{planted.name}" in out.stdout
     assert "its writer is gone" in out.stdout
+
+
+def test_a_refused_commit_drops_the_time_set_for_it(tmp_path: Path) -> None:
+    gw = Gateway(FileStore(tmp_path), GatewayConfig())
+    gw.write_file("/g/.zgroup", b'{"zarr_format": 2}')
+    gw.write_file("/g/notes", b"v1")
+    fh = gw.open("/g/notes", os.O_RDWR)
+    gw.write(fh, b"v2", 0)
+    gw.utimens("/g/notes", 1_000_000_000.0)
+    gw.flush(fh)
+    gw.release(fh)
+    assert os.stat(tmp_path / "g" / "notes").st_mtime == pytest.approx(1_000_000_000.0)
+    fh = gw.create("/g/.zattrs", os.O_WRONLY)
+    gw.write(fh, b"[not json", 0)
+    gw.utimens("/g/.zattrs", 1_000_000_000.0)
+    with pytest.raises(Rejected):
+        gw.flush(fh)
+    gw.write(fh, b'{"ok": 1}', 0)
+    gw.truncate("/g/.zattrs", 9, fh)
+    gw.flush(fh)  # the new content, committed now, gets its own time
+    gw.release(fh)
+    assert os.stat(tmp_path / "g" / ".zattrs").st_mtime > 1_500_000_000

@@ -142,6 +142,7 @@ class Committer:
                 self.validate(key, load, staged.size)
             except Rejected:
                 node.dirty = False
+                node.mtime = None  # it belonged to the refused content
                 staged.close()
                 node.staged = None
                 raise
