@@ -6,6 +6,7 @@ pass the limit, without ever holding more than ``limit + 1`` bytes.
 
 from __future__ import annotations
 
+import abc
 import bz2
 import lzma
 import zlib
@@ -16,6 +17,20 @@ from n5fs.errors import Rejected
 
 class CodecError(Rejected):
     """Bytes that a codec cannot decode, or that decode to the wrong size."""
+
+
+class BoundedDecoder(abc.ABC):
+    """The one decode protocol of every bytes-to-bytes codec (N5 compressions, Zarr v3
+    bytes-to-bytes codecs): ``decode`` never returns, nor holds, more than ``limit`` bytes
+    (raising :func:`too_large` instead), so a decompression bomb is refused uninflated."""
+
+    @abc.abstractmethod
+    def encode(self, data: bytes) -> bytes:
+        """The encoded form of ``data``."""
+
+    @abc.abstractmethod
+    def decode(self, data: bytes, limit: int) -> bytes:
+        """``data`` decoded; CodecError when corrupt or when it would exceed ``limit``."""
 
 
 class _Decompressor(Protocol):

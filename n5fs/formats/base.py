@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import abc
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from n5fs.errors import Rejected
+from n5fs.errors import NotSupported, Rejected
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     import numpy as np
 
@@ -30,6 +31,9 @@ class KeyKind(enum.Enum):
     METADATA = "metadata"
     CHUNK = "chunk"
     OTHER = "other"
+    #: a name the format forbids where it stands: a chunk-like key that breaks the array's
+    #: key grammar, a metadata name in a chunk folder, a node name the format reserves
+    INVALID = "invalid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,12 +41,43 @@ class Classified:
     """What a key relative to an array folder is.
 
     ``position`` is the chunk's grid index in the order the metadata lists dimensions;
-    ``in_grid`` is False for a chunk-shaped key outside the current grid.
+    ``in_grid`` is False for a chunk-shaped key outside the current grid. An INVALID key
+    carries the ``rule`` it breaks and the ``message`` a user reads.
     """
 
     kind: KeyKind
     position: tuple[int, ...] | None = None
     in_grid: bool = True
+    rule: str = ""
+    message: str = ""
+
+
+#: one index of a chunk-like key: any run of ASCII digits, signed or not, canonical or not
+_LOOSE_INDEX = re.compile(r"[+-]?[0-9]+", re.ASCII)
+#: names of writers' temporary files end in something that is never an index, so this
+#: grammar leaves them alone: ``0.0.partial``, ``.0.0.XyZ123`` (rsync), ``0/0.__lock``
+CHUNK_KEY_RULE = "chunk-key"
+
+
+def chunk_like(rel_key: str) -> bool:
+    """Does ``rel_key`` look like a chunk key of *some* array (indices separated by ``.`` or
+    ``/``, optionally after v3's ``c``)? Such a key in an array folder that does not parse
+    under the array's own grammar is a mistake (wrong separator, wrong number of indices, a
+    sign or a leading zero), refused rather than stored as an ordinary file."""
+    parts = re.split(r"[./]", rel_key)
+    if parts and parts[0] == "c":
+        parts = parts[1:]
+    return bool(parts) and all(_LOOSE_INDEX.fullmatch(p) for p in parts)
+
+
+def bad_chunk_key(rel_key: str, grammar: str) -> Classified:
+    """The INVALID answer for a chunk-like ``rel_key`` that breaks ``grammar`` (in words)."""
+    return Classified(
+        KeyKind.INVALID,
+        rule=CHUNK_KEY_RULE,
+        message=f"{rel_key[:80]!r} looks like a chunk key but this array's chunk keys are "
+        f"{grammar}",
+    )
 
 
 @dataclass(frozen=True)
@@ -93,7 +128,9 @@ class ArrayNode(Node):
 
     @abc.abstractmethod
     def classify(self, rel_key: str) -> Classified:
-        """What ``rel_key`` (relative to the array folder) is under this array's grammar."""
+        """What ``rel_key`` (relative to the array folder) is under this array's grammar:
+        METADATA, CHUNK (with its position; ``in_grid`` False outside the grid), INVALID for
+        a :func:`chunk_like` key that does not parse (see :func:`bad_chunk_key`), else OTHER."""
 
     @abc.abstractmethod
     def chunk_key(self, position: tuple[int, ...]) -> str:
@@ -132,6 +169,33 @@ class AttrsNode(Node):
     kind: ClassVar[NodeKind] = NodeKind.GROUP
 
 
+class Consolidation(abc.ABC):
+    """How a format keeps consolidated metadata true: which documents above a metadata key
+    consolidate it, and what such a document becomes when one entry changes."""
+
+    @abc.abstractmethod
+    def documents(self, key: str) -> list[str]:
+        """Keys of the documents that may consolidate metadata key ``key``, nearest first."""
+
+    @abc.abstractmethod
+    def updated(
+        self, doc_key: str, doc: Mapping[str, Any], key: str, entry: Any | None
+    ) -> dict[str, Any] | None:
+        """``doc`` with ``key``'s entry set to ``entry`` (None: removed), or None when ``doc``
+        holds no consolidated metadata (a plain group document)."""
+
+    @abc.abstractmethod
+    def stale_entries(
+        self, doc_key: str, doc: Mapping[str, Any], stored: Mapping[str, Any]
+    ) -> list[str]:
+        """Entries of ``doc`` that disagree with ``stored`` (every metadata key below the
+        document's folder -> its parsed JSON): missing, extra or different, in words."""
+
+    @abc.abstractmethod
+    def serialize(self, doc: Mapping[str, Any]) -> bytes:
+        """The bytes to store, as the format's reference writer lays them out."""
+
+
 class Format(abc.ABC):
     """One format's rules for a folder. Instances are stateless singletons."""
 
@@ -142,6 +206,30 @@ class Format(abc.ABC):
     metadata_names: ClassVar[frozenset[str]]
     #: a more general format this one refines (hdmf-zarr refines zarr2)
     refines: ClassVar[str | None] = None
+    #: the TensorStore driver that opens this format's arrays
+    tensorstore_driver: ClassVar[str]
+    #: how this format keeps consolidated metadata true (None: it has none)
+    consolidation: ClassVar[Consolidation | None] = None
+
+    def claims(self, name: str, context: str | None, load: Callable[[], bytes]) -> bool:
+        """Is file ``name`` this format's metadata, in a folder whose hierarchy is of format
+        ``context`` (the nearest folder at or above it with a format; None when none has)?
+        ``load`` gives the file's content for formats whose names alone cannot tell (N5's
+        ``attributes.json`` is an ordinary file outside an N5 hierarchy)."""
+        return name in self.metadata_names
+
+    def node_name_problem(self, name: str) -> str | None:
+        """Why ``name`` may not name a node (group or array folder) of this format, or None."""
+        return None
+
+    def links(self, node: Node | None) -> dict[str, str]:
+        """Same-store links of a group: link name -> target key prefix (hdmf-zarr only)."""
+        return {}
+
+    def link_update(self, node: Node | None, name: str, target: str | None) -> tuple[str, bytes]:
+        """The metadata file (relative name) and new content that add link ``name`` ->
+        ``target`` (a store path) or, with ``target`` None, remove it."""
+        raise NotSupported(f"{self.name} has no links; symlinks exist only as hdmf-zarr links")
 
     @abc.abstractmethod
     def matches(self, probes: Mapping[str, bytes]) -> bool:

@@ -367,6 +367,7 @@ class N5Format(Format):
     name: ClassVar[str] = "n5"
     probe_names: ClassVar[frozenset[str]] = frozenset({ATTRIBUTES})
     metadata_names: ClassVar[frozenset[str]] = frozenset({ATTRIBUTES})
+    tensorstore_driver: ClassVar[str] = "n5"
 
     def matches(self, probes: Mapping[str, bytes]) -> bool:
         """An N5 root or dataset: ``attributes.json`` with the ``"n5"`` version or all four

@@ -464,6 +464,7 @@ class Zarr2Format(Format):
     name: ClassVar[str] = "zarr2"
     probe_names: ClassVar[frozenset[str]] = frozenset(NODE_NAMES)
     metadata_names: ClassVar[frozenset[str]] = METADATA_NAMES
+    tensorstore_driver: ClassVar[str] = "zarr"
     array_node: ClassVar[type[Zarr2ArrayNode]] = Zarr2ArrayNode
     group_node: ClassVar[type[Zarr2GroupNode]] = Zarr2GroupNode
     attrs_node: ClassVar[type[Zarr2AttrsNode]] = Zarr2AttrsNode

@@ -557,6 +557,7 @@ class Zarr3Format(Format):
     name: ClassVar[str] = FMT
     probe_names: ClassVar[frozenset[str]] = frozenset({METADATA_NAME})
     metadata_names: ClassVar[frozenset[str]] = frozenset({METADATA_NAME})
+    tensorstore_driver: ClassVar[str] = "zarr3"
 
     def matches(self, probes: Mapping[str, bytes]) -> bool:
         """Presence decides; a broken ``zarr.json`` is then reported by parse_metadata."""
