@@ -101,12 +101,6 @@ class NoSpace(N5fsError, OSError):
     errno_code = errno.ENOSPC
 
 
-class CrossDevice(N5fsError, OSError):
-    """A rename the store cannot do in place; ``mv`` falls back to copy on EXDEV."""
-
-    errno_code = errno.EXDEV
-
-
 class DetectionFailed(N5fsError, ValueError):
     """No format, or more than one, where exactly one is needed; the message names them."""
 

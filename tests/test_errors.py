@@ -40,7 +40,7 @@ def test_errors_are_also_the_builtins_callers_catch() -> None:
         (errors.ReadOnly("k"), errno.EROFS),
         (errors.Rejected("bad", path="a/0.0", fmt="zarr2", rule="decoded-size"), errno.EINVAL),
         (errors.StoreUnavailable("down"), errno.EIO),
-        (errors.CrossDevice("x"), errno.EXDEV),
+        (errors.FileTooLarge("x"), errno.EFBIG),
         (errors.PrefixNotEmpty("x"), errno.ENOTEMPTY),
         (OSError(errno.ENOSPC, "full"), errno.ENOSPC),
         (RuntimeError("bug"), errno.EIO),  # never EINVAL: that means "rejected content"

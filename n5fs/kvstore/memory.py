@@ -23,7 +23,6 @@ class MemoryStore(KvStore):
 
     def __init__(self, path: str = "") -> None:
         self._spec = MemorySpec(path=path)
-        self._prefix = path if not path or path.endswith("/") else path + "/"
         self._data: dict[str, tuple[bytes, float]] = {}
         self._lock = threading.Lock()
 
