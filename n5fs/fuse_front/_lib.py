@@ -60,10 +60,58 @@ except ImportError:  # pragma: no cover - the fallback binding is not installed 
 finally:
     _restore(_saved)
 
+#: the mfusepy releases whose private glue :class:`N5fsFUSE` was written against (pyproject pins
+#: the same range); a new major may rename what :func:`check_glue` looks for
+SUPPORTED_MFUSEPY = ">=3.0,<4"
+
+#: private module attributes the glue calls or builds on
+_GLUE_ATTRS = ("_libfuse", "c_stat", "set_st_attrs", "fuse_version_major", "fuse_version_minor")
+#: FUSE methods the glue replaces: mfusepy looks ``<op>_fuse_<major>`` up by name, so a renamed
+#: one would leave ours silently unused (``mv -n`` clobbering, ``ls -l`` one getattr per file)
+_GLUE_OVERRIDES = ("readdir_fuse_2", "readdir_fuse_3", "truncate_fuse_3", "rename_fuse_3", "open")
+#: ctypes structures the glue reads or writes fields of
+_GLUE_FIELDS = {"fuse_file_info": ("fh", "direct_io"), "fuse_context": ("fuse",)}
+
+
+def _glue_missing(module: Any) -> Iterator[str]:
+    name = getattr(module, "__name__", "mfusepy")
+    yield from (f"{name}.{attr}" for attr in _GLUE_ATTRS if not hasattr(module, attr))
+    fuse_class = getattr(module, "FUSE", None)
+    yield from (
+        f"{name}.FUSE.{attr}"
+        for attr in _GLUE_OVERRIDES
+        if not callable(getattr(fuse_class, attr, None))
+    )
+    for struct, fields in _GLUE_FIELDS.items():
+        present = {field[0] for field in getattr(getattr(module, struct, None), "_fields_", ())}
+        yield from (f"{name}.{struct}.{field}" for field in fields if field not in present)
+
+
+def check_glue(module: Any) -> None:
+    """Raise ImportError naming every private attribute of mfusepy that :class:`N5fsFUSE`
+    overrides or uses and ``module`` lacks: at import, not as a silently plain mount later."""
+    missing = list(_glue_missing(module))
+    if missing:
+        raise ImportError(
+            f"{_installed(module)} lacks {', '.join(missing)}, which n5fs's FUSE glue "
+            f"overrides or uses; n5fs supports mfusepy {SUPPORTED_MFUSEPY}"
+        )
+
+
+def _installed(module: Any) -> str:
+    name = str(getattr(module, "__name__", "mfusepy"))
+    try:
+        return f"{name} {metadata.version(name)}"
+    except metadata.PackageNotFoundError:
+        return name
+
+
 FUSE: Any = _fuse.FUSE
 Operations: Any = _fuse.Operations
 FuseOSError: type[OSError] = _fuse.FuseOSError
 IS_MFUSEPY = _fuse.__name__ == "mfusepy"
+if IS_MFUSEPY:
+    check_glue(_fuse)
 
 
 def _libfuse_version() -> tuple[int, int]:
