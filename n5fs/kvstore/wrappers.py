@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from n5fs.errors import N5fsError, ReadOnly, StoreUnavailable
@@ -26,6 +27,17 @@ class ForwardingStore(KvStore):
     @property
     def spec(self) -> StoreSpec:
         return self.inner.spec
+
+    @property
+    def writable(self) -> bool:  # type: ignore[override]
+        return self.inner.writable
+
+    @property
+    def root(self) -> Path | None:
+        """The local directory under the inner store (a :class:`FileStore`'s), else None: the
+        gateway's ``statfs`` reports that filesystem's numbers, wrapped or not."""
+        root = getattr(self.inner, "root", None)
+        return root if isinstance(root, Path) else None
 
     @property
     def empty_prefixes(self) -> bool:  # type: ignore[override]

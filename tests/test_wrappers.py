@@ -1,0 +1,49 @@
+"""Wrapper stores keep reporting what the store under them is: a read-only local mount's
+``statfs`` is its disk's (issue 11: it was a made-up 1 TiB), a wrapper over a read-only store
+is read-only."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from n5fs.errors import ReadOnly
+from n5fs.gateway import Gateway
+from n5fs.kvstore.file import FileStore
+from n5fs.kvstore.memory import MemoryStore
+from n5fs.kvstore.wrappers import FaultyStore, ReadOnlyStore
+
+STABLE = ("f_bsize", "f_frsize", "f_blocks", "f_files")  # free counts move with other writers
+
+
+@pytest.mark.parametrize(
+    "wrap", [ReadOnlyStore, FaultyStore, lambda s: FaultyStore(ReadOnlyStore(s))]
+)
+def test_statfs_through_a_wrapper_is_the_local_filesystems(tmp_path: Path, wrap) -> None:
+    with Gateway(wrap(FileStore(tmp_path))) as gw:
+        reported = gw.statfs()
+    disk = os.statvfs(tmp_path)
+    assert {k: reported[k] for k in STABLE} == {k: getattr(disk, k) for k in STABLE}
+
+
+def test_statfs_of_a_store_without_a_directory_stays_the_fixed_one(tmp_path: Path) -> None:
+    with Gateway(ReadOnlyStore(MemoryStore())) as wrapped, Gateway(MemoryStore()) as bare:
+        assert wrapped.statfs() == bare.statfs()
+
+
+def test_root_is_forwarded_only_where_there_is_one(tmp_path: Path) -> None:
+    assert ReadOnlyStore(FileStore(tmp_path)).root == tmp_path
+    assert FaultyStore(ReadOnlyStore(FileStore(tmp_path))).root == tmp_path
+    assert ReadOnlyStore(MemoryStore()).root is None
+
+
+def test_a_wrapper_over_a_read_only_store_is_read_only(tmp_path: Path) -> None:
+    store = FaultyStore(ReadOnlyStore(FileStore(tmp_path)))
+    assert not store.writable
+    assert FaultyStore(FileStore(tmp_path)).writable
+    with Gateway(store) as gw:
+        assert gw.read_only
+    with pytest.raises(ReadOnly):
+        store.set("a", b"x")
