@@ -25,7 +25,7 @@ from zarr.codecs import (
 )
 
 from n5fs.codecs.limits import CodecError
-from n5fs.codecs.v3_codecs import ArraySpec, CodecChain, parse_data_type
+from n5fs.codecs.v3 import ArraySpec, CodecChain, parse_data_type
 
 LE = {"name": "bytes", "configuration": {"endian": "little"}}
 BE = {"name": "bytes", "configuration": {"endian": "big"}}

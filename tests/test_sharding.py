@@ -16,8 +16,7 @@ from hypothesis import strategies as st
 from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, TransposeCodec, ZstdCodec
 
 from n5fs.codecs.limits import CodecError
-from n5fs.codecs.sharding import EMPTY, ShardingCodec
-from n5fs.codecs.v3_codecs import ArraySpec, CodecChain, parse_data_type
+from n5fs.codecs.v3 import EMPTY, ArraySpec, CodecChain, ShardingCodec, parse_data_type
 
 LE = {"name": "bytes", "configuration": {"endian": "little"}}
 GZIP = {"name": "gzip", "configuration": {"level": 5}}

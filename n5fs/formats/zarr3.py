@@ -29,11 +29,11 @@ import numpy as np
 
 from n5fs.codecs import jsondoc
 from n5fs.codecs.limits import CodecError
-from n5fs.codecs.sharding import ShardingCodec
-from n5fs.codecs.v3_codecs import (
+from n5fs.codecs.v3 import (
     ArraySpec,
     CodecChain,
     DataType,
+    ShardingCodec,
     is_int,
     parse_data_type,
     parse_extension,

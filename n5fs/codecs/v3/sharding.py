@@ -9,6 +9,9 @@ A shard is checked as a whole before it is stored: the index decodes (crc32c inc
 every entry is empty or lies inside the shard and outside the index, and every present inner
 chunk decodes through the inner chain. Validation decodes one inner chunk at a time, so its
 memory is bounded by the inner chunk, never by the (often huge) shard.
+
+This module imports the chain; the chain finds this codec through the registry's lazy
+entry, so neither import order makes a cycle.
 """
 
 from __future__ import annotations
@@ -20,15 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from n5fs.codecs.limits import CodecError
-from n5fs.codecs.v3_codecs import (
-    ArrayBytesCodec,
-    ArraySpec,
-    CodecChain,
-    bad_config,
-    check_keys,
-    is_int,
-    parse_data_type,
-)
+from n5fs.codecs.v3.base import ArrayBytesCodec
+from n5fs.codecs.v3.chain import CodecChain
+from n5fs.codecs.v3.types import ArraySpec, bad_config, check_keys, is_int, parse_data_type
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
