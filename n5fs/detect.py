@@ -122,6 +122,14 @@ def candidates(probes: Mapping[str, bytes]) -> list[Format]:
     return [fmt for fmt in found if fmt.name not in refined]
 
 
+def _refined_by(fmt: Format, context: Format | None) -> Format:
+    """Inside a hierarchy of a format that refines ``fmt`` (hdmf-zarr over Zarr v2), a folder
+    without the refining marks of its own still belongs to the refined hierarchy."""
+    if context is not None and context.refines == fmt.name:
+        return context
+    return fmt
+
+
 def _ambiguous(prefix: str, found: list[Format], probes: Mapping[str, bytes]) -> DetectionFailed:
     names = ", ".join(
         f"{f.name} ({', '.join(sorted(f.probe_names & probes.keys()))})" for f in found
@@ -170,18 +178,22 @@ class Detector:
         found = candidates(probes)
         if len(found) > 1:
             raise _ambiguous(prefix, found, probes)
+        context = above.format if above is not None else None
         if found:
-            fmt = found[0]
-            node = fmt.node_from_probes(probes, path=prefix)
-            if isinstance(node, ArrayNode):
-                return Folder(prefix, FolderKind.ARRAY, fmt.name, node)
-            return Folder(
-                prefix, FolderKind.GROUP, fmt.name, node if isinstance(node, GroupNode) else None
-            )
-        if above is not None and above.kind is FolderKind.GROUP and above.fmt == "n5":
-            # N5 groups are plain directories; attributes.json is optional.
-            return Folder(prefix, FolderKind.GROUP, "n5")
-        return Folder(prefix, FolderKind.PLAIN)
+            fmt = _refined_by(found[0], context)
+        elif context is not None and context.implicit_groups:
+            fmt = context  # N5: every folder of the hierarchy is a group
+        else:
+            return Folder(prefix, FolderKind.PLAIN)
+        # A metadata file that is there but does not parse makes the folder an invalid node
+        # (Rejected, cached as a negative entry), never "no array here".
+        fmt.check_folder(frozenset(probes), path=prefix)
+        node = fmt.node_from_probes(probes, path=prefix)
+        if isinstance(node, ArrayNode):
+            return Folder(prefix, FolderKind.ARRAY, fmt.name, node)
+        return Folder(
+            prefix, FolderKind.GROUP, fmt.name, node if isinstance(node, GroupNode) else None
+        )
 
     def probe(self, prefix: str) -> dict[str, bytes]:
         """The probe files present in the folder, fetched in one batch."""
@@ -233,7 +245,10 @@ class Detector:
 
 def node_spec(source: StoreSpec, folder: Folder) -> dict[str, Any]:
     """The TensorStore spec that opens the array in ``folder``."""
-    driver = {"n5": "n5", "zarr2": "zarr", "hdmf-zarr": "zarr", "zarr3": "zarr3"}[folder.fmt or ""]
+    assert folder.format is not None
     base = source.path
     joined = base + ("/" if base and not base.endswith("/") else "") + folder.prefix
-    return {"driver": driver, "kvstore": source.with_path(joined).to_json()}
+    return {
+        "driver": folder.format.tensorstore_driver,
+        "kvstore": source.with_path(joined).to_json(),
+    }

@@ -11,6 +11,11 @@ time; at most ``jobs`` more wait, as keys. Only the listing grows with the store
 record per chunk, so the progress bar knows the total). Keys that are neither metadata nor
 chunks (README files, temp files of writers) are counted, not judged. A store fault on one key
 is reported as skipped, not fatal.
+
+What each key is comes from :mod:`n5fs.classify`, the classifier the mount's commits use, so
+``validate`` and the mount give one verdict per key: a key the mount would refuse is reported
+here, and a key it would store unjudged is counted as other. Consolidated documents are checked
+against the metadata stored below them (``stale-consolidated``).
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from n5fs.classify import Classifier, Verdict
 from n5fs.detect import Detector, Folder, FolderKind
 from n5fs.errors import N5fsError, Rejected
 from n5fs.formats.base import ArrayNode, KeyKind
-from n5fs.formats.registry import METADATA_NAMES
+from n5fs.formats.registry import CONSOLIDATIONS
 from n5fs.kvstore.spec import ZipSpec
 
 if TYPE_CHECKING:
@@ -157,6 +163,9 @@ class Validator:
     def __init__(self, store: KvStore, *, jobs: int | None = None) -> None:
         self.store = store
         self.detector = Detector(store)
+        self.classifier = Classifier(self.detector)
+        #: parsed metadata documents by key: what consolidated documents are checked against
+        self._documents: dict[str, Any] = {}
         self.jobs = max(1, jobs or default_jobs(store))
         self.progress = Progress()
         self.report = Report()
@@ -166,6 +175,7 @@ class Validator:
         chunk_jobs: deque[ChunkJob] = deque()
         for folder in self.detector.walk(prefix, on_error=self._folder_failed):
             self._check_folder(folder, chunk_jobs)
+        self._check_consolidated()
         self.progress.total_chunks = len(chunk_jobs)
         self.progress.listing_done = True
         self._check_chunks(chunk_jobs)
@@ -190,47 +200,54 @@ class Validator:
         # An array's chunks may sit in sub-folders (N5, "/" separators): list it all, once.
         delimiter = None if folder.kind is FolderKind.ARRAY else "/"
         for info in self.store.list(folder.prefix, delimiter=delimiter).keys:
-            self._classify(folder, info, chunk_jobs)
+            self._classify(info, chunk_jobs)
 
-    def _classify(self, folder: Folder, info: KeyInfo, chunk_jobs: deque[ChunkJob]) -> None:
-        rel = info.key[len(folder.prefix) :]
-        array = folder.array
-        if array is not None:
-            what = array.classify(rel)
-            if what.kind is KeyKind.CHUNK:
-                if what.in_grid and what.position is not None:
-                    chunk_jobs.append(ChunkJob(array, info.key, what.position, info.size))
-                else:
-                    self.report.invalid.append(
-                        Finding(
-                            info.key,
-                            "out-of-grid",
-                            f"chunk key {rel!r} lies outside the grid {list(array.grid)}",
-                        )
-                    )
-                return
-            if what.kind is KeyKind.METADATA:
-                self._check_metadata(folder, info)
-                return
-            self.report.other += 1
-            return
-        if "/" not in rel and rel in METADATA_NAMES and folder.format is not None:
-            self._check_metadata(folder, info)
+    def _classify(self, info: KeyInfo, chunk_jobs: deque[ChunkJob]) -> None:
+        verdict = self.classifier.classify(info.key, lambda: self._fetch(info.key))
+        if verdict.kind is KeyKind.CHUNK:
+            assert verdict.array is not None
+            assert verdict.position is not None
+            chunk_jobs.append(ChunkJob(verdict.array, info.key, verdict.position, info.size))
+        elif verdict.kind is KeyKind.METADATA:
+            self._check_metadata(verdict)
+        elif verdict.kind is KeyKind.INVALID:
+            self.report.invalid.append(Finding(info.key, verdict.rule, verdict.message))
         else:
             self.report.other += 1
 
-    def _check_metadata(self, folder: Folder, info: KeyInfo) -> None:
-        fmt = folder.format
-        assert fmt is not None
+    def _check_metadata(self, verdict: Verdict) -> None:
         self.report.metadata += 1
-        rel = info.key[len(folder.prefix) :]
         try:
-            data = self._fetch(info.key)
-            fmt.parse_metadata(rel, data, path=info.key)
+            node = self.classifier.check(verdict, self._fetch(verdict.key))
         except Rejected as exc:
-            self.report.invalid.append(_finding(info.key, exc))
+            self.report.invalid.append(_finding(verdict.key, exc))
         except N5fsError as exc:
-            self.report.skipped.append(_finding(info.key, exc))
+            self.report.skipped.append(_finding(verdict.key, exc))
+        else:
+            if node is not None:
+                self._documents[verdict.key] = node.raw
+
+    def _check_consolidated(self) -> None:
+        """Every consolidated document against the metadata stored below it."""
+        for doc_key, doc in sorted(self._documents.items()):
+            folder = doc_key.rpartition("/")[0]
+            below = {
+                key[len(folder) + 1 if folder else 0 :]: value
+                for key, value in self._documents.items()
+                if not folder or key.startswith(folder + "/")
+            }
+            for consolidation in CONSOLIDATIONS:
+                stale = consolidation.stale_entries(doc_key, doc, below)
+                if stale:
+                    self.report.invalid.append(
+                        Finding(
+                            doc_key,
+                            "stale-consolidated",
+                            "consolidated metadata disagrees with the stored metadata: "
+                            + "; ".join(stale[:5])
+                            + (f"; and {len(stale) - 5} more" if len(stale) > 5 else ""),
+                        )
+                    )
 
     def _fetch(self, key: str) -> bytes:
         data = self.store.get(key)
@@ -290,22 +307,22 @@ def _present(data: bytes | None) -> bytes | N5fsError:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class ChunkVerdict:
     finding: Finding
     #: the chunk could not be judged (store fault), as opposed to judged invalid
     skipped: bool
 
 
-def _judge(job: ChunkJob, data: bytes | N5fsError) -> Verdict | None:
+def _judge(job: ChunkJob, data: bytes | N5fsError) -> ChunkVerdict | None:
     """None for a valid chunk."""
     if isinstance(data, N5fsError):
-        return Verdict(_finding(job.key, data), skipped=True)
+        return ChunkVerdict(_finding(job.key, data), skipped=True)
     try:
         job.array.validate_chunk(job.position, data, path=job.key)
     except Rejected as exc:
-        return Verdict(_finding(job.key, exc), skipped=False)
+        return ChunkVerdict(_finding(job.key, exc), skipped=False)
     except N5fsError as exc:
-        return Verdict(_finding(job.key, exc), skipped=True)
+        return ChunkVerdict(_finding(job.key, exc), skipped=True)
     return None
 
 
@@ -322,6 +339,3 @@ def validate_store(
         on_start(validator)
     return validator.run(prefix)
 
-
-def iter_arrays(detector: Detector, prefix: str = "") -> Iterator[Folder]:
-    yield from (f for f in detector.walk(prefix) if f.kind is FolderKind.ARRAY)

@@ -208,6 +208,8 @@ class Format(abc.ABC):
     refines: ClassVar[str | None] = None
     #: the TensorStore driver that opens this format's arrays
     tensorstore_driver: ClassVar[str]
+    #: inside a hierarchy of this format every folder is a group, metadata or not (N5)
+    implicit_groups: ClassVar[bool] = False
     #: how this format keeps consolidated metadata true (None: it has none)
     consolidation: ClassVar[Consolidation | None] = None
 
@@ -217,6 +219,10 @@ class Format(abc.ABC):
         ``load`` gives the file's content for formats whose names alone cannot tell (N5's
         ``attributes.json`` is an ordinary file outside an N5 hierarchy)."""
         return name in self.metadata_names
+
+    def check_folder(self, names: frozenset[str], *, path: str = "") -> None:
+        """Refuse metadata files that cannot stand together in one folder (``names``: the
+        metadata names present), e.g. Zarr v2's ``.zarray`` beside ``.zgroup``."""
 
     def node_name_problem(self, name: str) -> str | None:
         """Why ``name`` may not name a node (group or array folder) of this format, or None."""

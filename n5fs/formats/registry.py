@@ -10,7 +10,7 @@ from n5fs.formats.zarr2 import Zarr2Format
 from n5fs.formats.zarr3 import Zarr3Format
 
 if TYPE_CHECKING:
-    from n5fs.formats.base import Format
+    from n5fs.formats.base import Consolidation, Format
 
 FORMATS: tuple[Format, ...] = (N5Format(), Zarr2Format(), HdmfZarrFormat(), Zarr3Format())
 
@@ -25,6 +25,11 @@ for _fmt in FORMATS:
 PROBE_NAMES: frozenset[str] = frozenset().union(*(f.probe_names for f in FORMATS))
 #: every name that is metadata in some format (a commit of one invalidates detection)
 METADATA_NAMES: frozenset[str] = frozenset().union(*(f.metadata_names for f in FORMATS))
+
+#: the distinct ways formats keep consolidated metadata (hdmf-zarr shares Zarr v2's)
+CONSOLIDATIONS: tuple[Consolidation, ...] = tuple(
+    {id(f.consolidation): f.consolidation for f in FORMATS if f.consolidation is not None}.values()
+)
 
 
 def get_format(name: str) -> Format:

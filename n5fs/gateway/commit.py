@@ -1,11 +1,12 @@
-"""The commit rules: what a key is under its folder's format, and whether its bytes may be
-stored there. Nothing here writes; the gateway stores only what :meth:`CommitRules.check`
-passed (strict mode) and records what it refused.
+"""The commit rules: whether a key's new bytes may be stored, given the store as it is now.
+Nothing here writes; the gateway stores only what :meth:`CommitRules.check` passed (strict
+mode) and records what it refused.
 
-Metadata is recognised by name and context: ``zarr.json`` is always Zarr v3; ``.zarray``,
-``.zgroup``, ``.zattrs``, ``.zmetadata`` are Zarr v2 (hdmf-zarr inside an hdmf hierarchy or
-when they carry its reserved attributes); ``attributes.json`` is N5 inside an N5 hierarchy or
-when it carries N5 keys, and an ordinary file elsewhere.
+What a key *is* comes from :mod:`n5fs.classify`, the one classifier ``n5fs validate`` uses
+too, and so do the rules on the bytes alone. What only a commit needs is here: new metadata
+must not clash with the folder's other metadata, and must keep every stored chunk valid (a
+structural change is refused while chunks exist; metadata written after ``cp -r`` copied the
+chunks validates them; a resize re-checks the chunks on the old edge).
 """
 
 from __future__ import annotations
@@ -17,23 +18,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-from n5fs.codecs.jsondoc import load_json
-from n5fs.detect import Detector, Folder, FolderKind, candidates
-from n5fs.errors import DetectionFailed, Rejected
-from n5fs.formats.base import ArrayNode, Format, KeyKind, Node
-from n5fs.formats.hdmf import is_hdmf_attrs
-from n5fs.formats.n5 import present_dataset_keys
-from n5fs.formats.registry import METADATA_NAMES, get_format
+from n5fs.classify import Classifier, Verdict
+from n5fs.detect import Detector, candidates
+from n5fs.errors import Rejected
+from n5fs.formats.base import ArrayNode, Format, GroupNode, KeyKind, Node
 from n5fs.kvstore.keys import basename, dir_prefix, parent
 
 if TYPE_CHECKING:
     from n5fs.kvstore.base import KvStore
-
-#: metadata larger than this is refused before parsing (a JSON document, not a data file)
-MAX_METADATA_BYTES = 64 << 20
-#: files whose content defines a node (the others add attributes or consolidate)
-PRIMARY_METADATA = frozenset({".zarray", ".zgroup", "attributes.json", "zarr.json"})
-_ZARR2_NAMES = frozenset({".zarray", ".zgroup", ".zattrs", ".zmetadata"})
 
 Loader = Callable[[], bytes]
 
@@ -63,15 +55,6 @@ class Rejection:
         return json.dumps(asdict(self), sort_keys=True)
 
 
-@dataclass(frozen=True)
-class Verdict:
-    kind: KeyKind
-    fmt: str | None = None
-
-
-OTHER = Verdict(KeyKind.OTHER)
-
-
 def _reject(key: str, fmt: str, rule: str, message: str) -> Rejected:
     return Rejected(message, path=key, fmt=fmt, rule=rule)
 
@@ -82,6 +65,7 @@ class CommitRules:
     def __init__(self, store: KvStore, detector: Detector) -> None:
         self.store = store
         self.detector = detector
+        self.classifier = Classifier(detector)
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -91,109 +75,25 @@ class CommitRules:
         ``load`` is called only when the bytes matter (metadata, chunks): other keys, which
         may be large files, are never read.
         """
-        name = basename(key)
-        folder = dir_prefix(parent(key))
-        fmt = self.metadata_format(key, load)
-        if fmt is not None:
-            self._check_metadata(fmt, key, name, folder, load())
-            return Verdict(KeyKind.METADATA, fmt.name)
-        owner = self._owner(key)
-        array = owner.array if owner is not None else None
-        if owner is None or array is None:
-            return OTHER
-        what = array.classify(key[len(owner.prefix) :])
-        if what.kind is not KeyKind.CHUNK or what.position is None:
-            return OTHER
-        if not what.in_grid:
-            raise _reject(
-                key,
-                owner.fmt or "",
-                "out-of-grid",
-                f"chunk position {list(what.position)} lies outside the grid "
-                f"{list(array.grid)} of the array at /{owner.prefix}",
-            )
-        array.validate_chunk(what.position, load(), path=key)
-        return Verdict(KeyKind.CHUNK, owner.fmt)
-
-    def metadata_format(self, key: str, load: Loader) -> Format | None:
-        """The format whose metadata ``key`` is, or None for an ordinary file."""
-        name = basename(key)
-        if name not in METADATA_NAMES:
-            return None
-        context = self._context(dir_prefix(parent(key)))
-        if name == "zarr.json":
-            return get_format("zarr3")
-        if name == "attributes.json":
-            if context == "n5" or self._has_n5_keys(load):
-                return get_format("n5")
-            return None
-        if name in _ZARR2_NAMES:
-            if context == "hdmf-zarr" or (name == ".zattrs" and self._has_hdmf_marks(load)):
-                return get_format("hdmf-zarr")
-            return get_format("zarr2")
-        return None
-
-    # -- context -----------------------------------------------------------------------------
-
-    def _folder(self, prefix: str) -> Folder | None:
-        try:
-            return self.detector.folder(prefix)
-        except (DetectionFailed, Rejected):
-            return None  # the store is already inconsistent there; judge the new key alone
-
-    def _context(self, prefix: str) -> str | None:
-        """The format of the folder, or of the nearest ancestor that has one."""
-        while True:
-            folder = self._folder(prefix)
-            if folder is not None and folder.fmt:
-                return folder.fmt
-            if not prefix:
-                return None
-            prefix = dir_prefix(parent(prefix.rstrip("/")))
-
-    def _owner(self, key: str) -> Folder | None:
-        try:
-            return self.detector.owner(key)
-        except (DetectionFailed, Rejected):
-            return None
-
-    @staticmethod
-    def _has_n5_keys(load: Loader) -> bool:
-        try:
-            doc = load_json(load())
-        except Rejected:
-            return False
-        return isinstance(doc, dict) and ("n5" in doc or bool(present_dataset_keys(doc)))
-
-    @staticmethod
-    def _has_hdmf_marks(load: Loader) -> bool:
-        try:
-            return is_hdmf_attrs(load_json(load()))
-        except Rejected:
-            return False
+        verdict = self.classifier.classify(key, load)
+        if verdict.kind is KeyKind.METADATA:
+            assert verdict.fmt is not None
+            data = load()
+            node = self.classifier.check(verdict, data)
+            assert node is not None
+            self._check_context(verdict.fmt, key, data, node)
+        elif verdict.kind is KeyKind.CHUNK:
+            self.classifier.check(verdict, load())
+        elif verdict.kind is KeyKind.INVALID:
+            raise verdict.refusal()
+        return verdict
 
     # -- metadata ----------------------------------------------------------------------------
 
-    def _check_metadata(self, fmt: Format, key: str, name: str, folder: str, data: bytes) -> None:
-        if len(data) > MAX_METADATA_BYTES:
-            raise _reject(
-                key,
-                fmt.name,
-                "metadata-size",
-                f"metadata file of {len(data)} bytes exceeds {MAX_METADATA_BYTES}",
-            )
-        where = self._folder(folder)
-        if where is not None and where.kind is FolderKind.CHUNKS:
-            raise _reject(
-                key,
-                fmt.name,
-                "metadata-in-chunks",
-                f"/{folder} is a chunk folder of the array at /{where.array_prefix}; "
-                "it cannot hold metadata",
-            )
-        node = fmt.parse_metadata(name, data, path=key)
+    def _check_context(self, fmt: Format, key: str, data: bytes, node: Node) -> None:
+        name, folder = basename(key), dir_prefix(parent(key))
         self._check_clash(fmt, key, name, folder, data)
-        if name in PRIMARY_METADATA:
+        if isinstance(node, (ArrayNode, GroupNode)):  # defines the node (not attributes only)
             old = self._stored_node(fmt, key, name)
             self._check_against_chunks(fmt, key, folder, old, node)
 
@@ -209,10 +109,7 @@ class CommitRules:
                 "format-clash",
                 f"/{folder} already holds {others} metadata; one folder, one format",
             )
-        if {".zarray", ".zgroup"} <= probes.keys():
-            raise _reject(
-                key, fmt.name, "array-and-group", f"/{folder} cannot hold both .zarray and .zgroup"
-            )
+        fmt.check_folder(frozenset(probes), path=key)
 
     def _stored_node(self, fmt: Format, key: str, name: str) -> Node | None:
         data = self.store.get(key)

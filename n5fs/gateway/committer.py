@@ -106,6 +106,10 @@ class Committer:
         with self._lock:
             return list(self._rejections)
 
+    def refused(self, key: str, exc: Rejected) -> None:
+        """Record a refusal decided outside the commit rules (a metadata name as a symlink)."""
+        self._reject(key, exc, stored=False)
+
     def _reject(self, key: str, exc: Rejected, *, stored: bool) -> None:
         self.counters.add("rejections")
         with self._lock:

@@ -120,6 +120,12 @@ class ArrayOrder:
             exclusive.add(above[-1])
         return self.hold(shared=shared - exclusive, exclusive=exclusive)
 
+    def for_folder(self, prefix: str) -> contextlib.AbstractContextManager[None]:
+        """The hold for changing the metadata of folder ``prefix`` (``""`` or ``"a/b/"``),
+        whichever of its metadata files the change turns out to write."""
+        shared = set(folders_above(prefix.rstrip("/"))) if prefix else set()
+        return self.hold(shared=shared, exclusive={prefix})
+
     def held_count(self) -> int:
         """Folder locks currently held or awaited (0 when the gateway is idle)."""
         with self._lock:

@@ -18,7 +18,15 @@ from __future__ import annotations
 from functools import cache, partial
 from typing import TYPE_CHECKING
 
-from n5fs.errors import InvalidKey, IsAPrefix, KeyExists, KeyNotFound, NotAPrefix, PrefixNotEmpty
+from n5fs.errors import (
+    InvalidKey,
+    IsAPrefix,
+    KeyExists,
+    KeyNotFound,
+    NotAPrefix,
+    PrefixNotEmpty,
+    Rejected,
+)
 from n5fs.gateway.commit import Mode
 from n5fs.gateway.committer import is_metadata
 from n5fs.gateway.links import add_link, remove_link
@@ -178,13 +186,18 @@ class Renamer:
                 rewritten += keeper.after_change(new_key, self.store.get(new_key))
         return rewritten
 
-    # -- hdmf-zarr links -----------------------------------------------------------------------
+    # -- links (hdmf-zarr) ---------------------------------------------------------------------
 
     def symlink(self, target: str, key: str) -> None:
-        """Inside an hdmf-zarr group, a symlink becomes a ``zarr_link`` entry of its .zattrs."""
+        """Inside a group whose format has links (hdmf-zarr), a symlink becomes a link entry
+        of the group's metadata; a refused one is recorded like any refused commit."""
         prefix = dir_prefix(parent(key))
-        with self.committer.hold(prefix + ".zattrs"):
-            attrs_key, data = add_link(self.detector.folder(prefix), basename(key), target)
+        with self.committer.order.for_folder(prefix):
+            try:
+                attrs_key, data = add_link(self.detector.folder(prefix), basename(key), target)
+            except Rejected as exc:
+                self.committer.refused(key, exc)
+                raise
             if self.view.lookup(key) is not None:
                 raise KeyExists(f"file exists: /{key}")
             self.committer.store_bytes(attrs_key, data)
@@ -192,7 +205,7 @@ class Renamer:
 
     def remove_link(self, key: str) -> None:
         prefix = dir_prefix(parent(key))
-        with self.committer.hold(prefix + ".zattrs"):
+        with self.committer.order.for_folder(prefix):
             attrs_key, data = remove_link(self.detector.folder(prefix), basename(key))
             self.committer.store_bytes(attrs_key, data)
         self.committer.changed([key])
