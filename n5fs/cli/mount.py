@@ -78,6 +78,7 @@ def serve_plan(
         ttl=plan.ttl,
         staging_bytes=plan.staging_bytes,
         max_file_size=plan.max_file_size,
+        show_control=plan.options.show_control,
     )
     gateway = Gateway(source.store, config)
     fuse = fuse_options(
@@ -336,7 +337,8 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="OPTIONS",
         help="comma-separated, e.g. -o ro,cache_size=1G: ro, allow_other (brings "
         "default_permissions; no_default_permissions drops it), nonempty (mount over a "
-        "directory with files, hiding them), validate=MODE, cache_size=SIZE, "
+        "directory with files, hiding them), show_control (list MOUNTPOINT/.n5fs, which "
+        "is reachable by its path either way), validate=MODE, cache_size=SIZE, "
         "cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE, s3_connect_timeout=SECONDS, "
         "s3_read_timeout=SECONDS, s3_retries=N; others go to libfuse",
     )

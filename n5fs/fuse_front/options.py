@@ -18,6 +18,11 @@ Two more choices guard other users and the data under the mount point:
 - ``nonempty`` (n5fs's own; libfuse 3 refuses it) lets a mount hide the files of a non-empty
   mount point; without it ``n5fs mount`` refuses such a mount point.
 
+``show_control`` (n5fs's own) lists ``/.n5fs/`` in the root folder. Without it the control
+folder is reachable by its path only (ZFS's ``snapdir=hidden``), so ``cp -r``, ``tar`` and
+``rsync`` of a mount do not carry rejections and stats along; a file manager user who wants
+to browse to it asks for it.
+
 :func:`loop_options` sets libfuse 3's ``max_idle_threads``: otherwise some libfuse 3 releases
 (3.14 among them) pass their "unlimited" default through a range check that prints "Ignoring
 invalid max threads value 4294967295 > max (100000)." on every mount (libfuse issue #1003).
@@ -87,6 +92,8 @@ class MountOptions:
     nonempty: bool = False
     #: ``-o no_default_permissions``: ``allow_other`` without the kernel's mode checks
     no_default_permissions: bool = False
+    #: ``-o show_control``: ``readdir`` of the root lists ``.n5fs`` (it is always reachable)
+    show_control: bool = False
     fuse: dict[str, FuseValue] = field(default_factory=dict)
 
 
@@ -128,6 +135,8 @@ def _apply(opts: MountOptions, name: str, value: str | None) -> None:
         pass  # n5fs names its mounts itself: `n5fs status` finds them by subtype
     elif name == "nonempty" and value is None:
         opts.nonempty = True  # checked by n5fs; libfuse 3 refuses the option
+    elif name == "show_control" and value is None:
+        opts.show_control = True
     elif name == "no_default_permissions" and value is None:
         opts.no_default_permissions = True
         opts.fuse.pop("default_permissions", None)

@@ -89,6 +89,8 @@ class GatewayConfig:
     small_object: int = 16 << 20
     readahead: int = 8 << 20
     max_rejections: int = 10_000
+    #: list ``/.n5fs`` in the root folder (``-o show_control``); it is reachable either way
+    show_control: bool = False
 
 
 class Gateway:
@@ -116,6 +118,7 @@ class Gateway:
             clock=clock,
             writable=not self.read_only,
             control=self._control_bytes,
+            show_control=cfg.show_control,
         )
         self.reader = ObjectReader(
             store,

@@ -55,11 +55,13 @@ class NamespaceView:
         clock: Callable[[], float],
         writable: bool,
         control: Callable[[str], bytes],
+        show_control: bool = False,
     ) -> None:
         self.store = store
         self.detector = detector
         self.files = files
         self.writable = writable
+        self.show_control = show_control
         self._control = control
         self.listings: LoadingCache[DirEntries] = LoadingCache(ttl, clock=clock)
         self._vdirs: set[str] = set()
@@ -146,8 +148,10 @@ class NamespaceView:
             vdirs = [basename(v) for v in self._vdirs if parent(v) == key]
         for name in itertools.chain(entries.dirs, vdirs):
             out[name] = Attr(EntryKind.DIR, writable=writable)
-        # /.n5fs is reachable by its path but never listed (ZFS's snapdir=hidden): cp -r,
-        # tar and rsync of a mount must not carry the control entries along
+        # /.n5fs is reachable by its path but not listed (ZFS's snapdir=hidden): cp -r, tar
+        # and rsync of a mount must not carry the control entries along; -o show_control lists it
+        if not key and self.show_control:
+            out[CONTROL] = Attr(EntryKind.DIR, writable=False)
         return sorted(out.items())
 
     def links(self, prefix: str) -> dict[str, str]:
