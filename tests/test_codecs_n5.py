@@ -6,10 +6,12 @@ lz4-java ``LZ4BlockOutputStream``), never produced by the code under test.
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import tracemalloc
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -214,6 +216,77 @@ def test_lz4_decode_refuses_past_the_limit_before_inflating() -> None:
     assert peak < 256 * 1024  # never held even one decoded 64 KiB block
 
 
+# --- z5's bare LZ4 block -------------------------------------------------------------------
+
+# Sequences by the LZ4 block format: token (literals << 4 | match - 4), literals, offset LE.
+HELLO = b"\x50hello"  # 5 literals, nothing else: "hello"
+TAIL = b"\xc0hello world!"  # 12 literals: LZ4 wants a match to end 12 bytes before the end
+ABAB = b"\x22ab\x02\x00" + TAIL  # "ab", then 6 bytes copied from 2 back, then the tail
+
+
+def _bare_bomb(extension_bytes: int) -> bytes:
+    """'a', then one match from 1 back of 15 + 4 + 255 * n bytes, then the tail."""
+    return b"\x1fa\x01\x00" + b"\xff" * extension_bytes + b"\x00" + TAIL
+
+
+def test_hand_built_bare_blocks_decode() -> None:
+    assert lz4_block.decode_n5(HELLO, 5) == b"hello"
+    assert lz4_block.decode_n5(ABAB, 20) == b"abababab" + b"hello world!"
+    assert lz4_block.bare_size(ABAB, 100) == 20
+    # A block shorter than the limit comes back at its own size (the caller checks it).
+    assert lz4_block.decode_n5(ABAB, 100) == b"ababababhello world!"
+    assert lz4_block.decode_n5(b"\x00", 0) == b""  # LZ4_compress_default of nothing
+
+
+def test_bare_block_from_the_lz4_library() -> None:
+    data = (np.arange(5000) % 37).astype(">u2").tobytes()
+    bare = bytes(LZ4().encode(data))[4:]  # numcodecs' size prefix dropped: z5's layout
+    assert not bare.startswith(b"LZ4Block")
+    assert lz4_block.decode_n5(bare, len(data)) == data
+    assert Lz4Compression().decode(bare, len(data)) == data
+
+
+@pytest.mark.parametrize(
+    ("block", "rule"),
+    [
+        (HELLO[:-1], "undecodable"),  # literals cut short
+        (b"", "undecodable"),
+        (b"\x22ab\x02", "undecodable"),  # offset cut short
+        (b"\x22ab\x00\x00" + TAIL, "undecodable"),  # offset 0
+        (b"\x22ab\x03\x00" + TAIL, "undecodable"),  # offset before the start
+        (b"\x22ab\x02\x00" + HELLO, "undecodable"),  # adds up, but breaks LZ4's end rule
+        (b"\xf0" + b"\xff" * 3, "undecodable"),  # literal length runs off the end
+        (_bare_bomb(4000), "decoded-size"),
+    ],
+)
+def test_bad_bare_blocks_are_refused(block: bytes, rule: str) -> None:
+    with pytest.raises(CodecError) as info:
+        lz4_block.decode_n5(block, 1000)
+    assert info.value.rule == rule
+
+
+def test_bare_bomb_is_refused_without_inflating() -> None:
+    bomb = _bare_bomb(400_000)  # ~100 MiB from 400 KB
+    assert lz4_block.bare_size(bomb, 1 << 30) > 100_000_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodecError) as info:
+            Lz4Compression().decode(bomb, 4096)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.rule == "decoded-size"
+    assert peak < 1 << 20
+
+
+def test_the_magic_picks_the_lz4_java_framing() -> None:
+    stream = _block(0x16, b"abc", b"abc") + _end(6)
+    assert lz4_block.decode_n5(stream, 3) == b"abc"
+    # A stream with the magic is judged as a stream, never retried as a bare block.
+    with pytest.raises(CodecError, match="LZ4Block"):
+        lz4_block.decode_n5(stream[:-3], 3)
+
+
 # --- compression objects -----------------------------------------------------------------
 
 
@@ -227,14 +300,66 @@ def test_defaults_follow_n5_java() -> None:
     assert parse_compression({"type": "xz"}).canonical() == {"type": "xz", "preset": 6}
     assert parse_compression({"type": "lz4"}).canonical() == {"type": "lz4", "blockSize": 65536}
     assert parse_compression({"type": "zstd"}).canonical() == {"type": "zstd", "level": 3}
-    assert parse_compression({"type": "blosc"}).canonical() == {
-        "type": "blosc",
-        "cname": "blosclz",
-        "clevel": 6,
-        "shuffle": 0,
-        "blocksize": 0,
-    }
+    assert parse_compression(
+        {"type": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1}
+    ).canonical() == {"type": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1, "blocksize": 0}
     assert parse_compression({"type": "raw"}).canonical() == {"type": "raw"}
+
+
+BLOSC_REQUIRED = {"cname": "zstd", "clevel": 5, "shuffle": 2}
+
+
+@pytest.mark.parametrize("member", sorted(BLOSC_REQUIRED))
+def test_blosc_without_a_member_tensorstore_needs_is_refused(member: str) -> None:
+    config = {"type": "blosc", **{k: v for k, v in BLOSC_REQUIRED.items() if k != member}}
+    with pytest.raises(CodecError, match=f"lacks '{member}'") as info:
+        parse_compression(config)
+    assert info.value.rule == "compression"
+
+
+def test_blosc_without_any_member_names_all_three() -> None:
+    with pytest.raises(CodecError, match="lacks 'cname', 'clevel', 'shuffle'"):
+        parse_compression({"type": "blosc"})
+
+
+def test_tensorstore_agrees_on_what_blosc_requires(tmp_path: Path) -> None:
+    """The rule for blosc is TensorStore's: check it against TensorStore itself."""
+    import tensorstore as ts
+
+    def opens(config: dict[str, object]) -> bool:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        attrs = {"dimensions": [4], "blockSize": [4], "dataType": "uint8", "compression": config}
+        (folder / "attributes.json").write_text(json.dumps(attrs))
+        spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(folder)}}
+        try:
+            ts.open(spec, open=True).result()
+        except ValueError:
+            return False
+        return True
+
+    for member in BLOSC_REQUIRED:
+        config = {"type": "blosc", **{k: v for k, v in BLOSC_REQUIRED.items() if k != member}}
+        assert not opens(config)
+    assert opens({"type": "blosc", **BLOSC_REQUIRED})  # blocksize may be absent
+    parse_compression({"type": "blosc", **BLOSC_REQUIRED})
+    for optional in ({"type": "gzip"}, {"type": "bzip2"}, {"type": "xz"}, {"type": "zstd"}):
+        assert opens(optional)
+        parse_compression(optional)
+
+
+@pytest.mark.parametrize("block_size", [1, 6, 63, 1 << 25, (1 << 25) + 1, (1 << 31) - 1])
+def test_lz4_block_size_is_only_a_writer_hint(block_size: int) -> None:
+    codec = parse_compression({"type": "lz4", "blockSize": block_size})
+    assert isinstance(codec, Lz4Compression)
+    assert codec.canonical() == {"type": "lz4", "blockSize": block_size}
+    data = bytes(range(256)) * 300
+    stream = codec.encode(data)
+    # What we write is what lz4-java's LZ4BlockOutputStream accepts: blocks of 64 B .. 32 MiB.
+    level = stream[8] & 0x0F
+    expected = block_size if 64 <= block_size <= 1 << 25 else 1 << 16
+    assert level == lz4_block.compression_level(expected)
+    assert codec.decode(stream, len(data)) == data
 
 
 def test_version0_compression_type_string() -> None:
@@ -287,10 +412,14 @@ def test_writer_extras_are_tolerated() -> None:
         ({"type": "gzip", "useZlib": 1}, "compression"),
         ({"type": "bzip2", "blockSize": 0}, "compression"),
         ({"type": "xz", "preset": 10}, "compression"),
-        ({"type": "lz4", "blockSize": 32}, "compression"),
-        ({"type": "blosc", "cname": "lzma"}, "compression"),
-        ({"type": "blosc", "shuffle": 3}, "compression"),
-        ({"type": "blosc", "typesize": -1}, "compression"),
+        ({"type": "lz4", "blockSize": 0}, "compression"),
+        ({"type": "lz4", "blockSize": -6}, "compression"),
+        ({"type": "lz4", "blockSize": 1 << 31}, "compression"),
+        ({"type": "lz4", "blockSize": 6.0}, "compression"),
+        ({"type": "blosc", **BLOSC_REQUIRED, "cname": "lzma"}, "compression"),
+        ({"type": "blosc", **BLOSC_REQUIRED, "shuffle": 3}, "compression"),
+        ({"type": "blosc", **BLOSC_REQUIRED, "typesize": -1}, "compression"),
+        ({"type": "blosc", **BLOSC_REQUIRED, "clevel": "5"}, "compression"),
         ({"type": "zstd", "level": 23}, "compression"),
         ({"type": "zstd", "dict": [1, 2, 3]}, "compression"),
         ({"type": "snappy"}, "unknown-compression"),

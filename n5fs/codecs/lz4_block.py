@@ -16,6 +16,12 @@ at most ``blockSize`` bytes and writes each as::
 
 ``finish()`` ends the stream with an empty block (both lengths 0, checksum 0). The checks
 below are those of lz4-java's ``LZ4BlockInputStream.refill()``.
+
+z5 (z5py) writes N5 ``lz4`` differently: one bare LZ4 block (``LZ4_compress_default``, no
+magic, no lengths, no size prefix). :func:`decode_n5` tells the two apart per chunk by the
+magic. A valid bare block can never start with it: its first byte would be the token
+``'L'`` (4 literals, ``"Z4Bl"``, then a match) whose offset ``"oc"`` (25455) points before
+the 4 bytes produced so far, which LZ4 forbids.
 """
 
 from __future__ import annotations
@@ -157,3 +163,96 @@ def decode(data: bytes, limit: int, what: str = "lz4") -> bytes:
         out += piece
         pos = body + stored
     return bytes(out)
+
+
+# -- z5's bare LZ4 block ---------------------------------------------------------------------
+
+_MIN_MATCH = 4
+_RUN_MASK = 0x0F
+
+
+def _bare_corrupt(what: str, offset: int, reason: str) -> CodecError:
+    return CodecError(
+        f"{what} (bare LZ4 block) is corrupt at byte {offset}: {reason}", rule="undecodable"
+    )
+
+
+def _length(block: bytes, pos: int, base: int, what: str) -> tuple[int, int]:
+    """A literal or match length: ``base`` (15 means "more follows"), then bytes of 255
+    until one below 255. Returns (length, position after it)."""
+    if base != _RUN_MASK:
+        return base, pos
+    while True:
+        if pos >= len(block):
+            raise _bare_corrupt(what, pos, "a length runs past the end")
+        byte = block[pos]
+        base += byte
+        pos += 1
+        if byte != 0xFF:
+            return base, pos
+
+
+def bare_size(block: bytes, limit: int, what: str = "lz4") -> int:
+    """How many bytes one bare LZ4 block decodes to, from its sequence headers alone.
+
+    Nothing is decompressed; the walk stops (:func:`~n5fs.codecs.limits.too_large`) as soon
+    as the count passes ``limit``, so a bomb costs at most one pass over its own bytes.
+    Each sequence is: token (literal length << 4 | match length - 4), literal length
+    extension, literals, 2-byte little-endian offset (1 .. bytes so far), match length
+    extension; the last sequence stops after its literals.
+    """
+    pos = produced = 0
+    while True:
+        if pos >= len(block):
+            raise _bare_corrupt(what, pos, "the block ends before its last literals")
+        token = block[pos]
+        literals, pos = _length(block, pos + 1, token >> 4, what)
+        pos += literals
+        produced += literals
+        if pos > len(block):
+            raise _bare_corrupt(what, len(block), "literals run past the end")
+        if produced > limit:
+            raise too_large(limit, what)
+        if pos == len(block):
+            return produced
+        if pos + 2 > len(block):
+            raise _bare_corrupt(what, pos, "a match offset is cut short")
+        offset = block[pos] | block[pos + 1] << 8
+        if not 0 < offset <= produced:
+            raise _bare_corrupt(what, pos, f"match offset {offset} with {produced} bytes out")
+        match, pos = _length(block, pos + 2, token & _RUN_MASK, what)
+        produced += match + _MIN_MATCH
+        if produced > limit:
+            raise too_large(limit, what)
+
+
+def decode_bare(block: bytes, limit: int, what: str = "lz4") -> bytes:
+    """Decode one bare LZ4 block (what z5 writes) to at most ``limit`` bytes.
+
+    The block states no size, so the fast path decodes into exactly ``limit`` bytes (an N5
+    chunk's expected size); when that fails, :func:`bare_size` says why - too large (a
+    bomb, refused uninflated), corrupt, or shorter (then decoded at its own size, and the
+    caller's size check names the difference).
+    """
+    if limit > 0:
+        try:
+            from numcodecs.lz4 import LZ4  # late: importing numcodecs costs ~0.1 s
+
+            return bytes(LZ4().decode(_SIZE_PREFIX.pack(limit) + block))
+        except (RuntimeError, ValueError):
+            pass  # diagnosed below
+    size = bare_size(block, limit, what)
+    if size == 0:
+        return b""  # the one-byte empty block (numcodecs refuses a zero size prefix)
+    if size == limit:
+        # The sequence headers add up but LZ4 still refused it (e.g. its end-of-block rules).
+        raise _bare_corrupt(what, 0, f"its sequences add up to {size} bytes but do not decode")
+    return _lz4_decompress(block, size, f"{what} (bare LZ4 block)")
+
+
+def decode_n5(data: bytes, limit: int, what: str = "lz4") -> bytes:
+    """An N5 ``lz4`` payload: lz4-java's LZ4Block stream (N5 Java) when it starts with the
+    magic, else one bare LZ4 block (z5). Both bounded by ``limit``."""
+    if data.startswith(MAGIC):
+        return decode(data, limit, what)
+    return decode_bare(data, limit, what)

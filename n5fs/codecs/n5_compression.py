@@ -3,22 +3,54 @@
 The N5 spec (saalfeldlab/n5 README) defines ``raw``, ``gzip`` (``level``; ``useZlib`` in N5
 Java and TensorStore), ``bzip2`` (``blockSize``), ``xz`` (``preset``) and ``lz4``
 (``blockSize``); the N5 Java plugins add ``blosc`` (n5-blosc) and ``zstd`` (n5-zstandard),
-which TensorStore also writes. Real writers differ, so parsing is liberal where it cannot
-change how a chunk decodes:
+which TensorStore also writes. A member is one of the class's ``@CompressionParameter``
+fields. N5 Java builds the class with its no-argument constructor and overwrites only the
+members present, so it opens any subset; TensorStore, whose spec ``n5fs detect`` hands out,
+does not. The rule: a member is *required* when N5 Java or TensorStore cannot open the
+document without it; otherwise an absent member takes N5 Java's default. Decoding never
+depends on a defaulted member (gzip, bzip2, xz, zstd and blosc payloads describe themselves).
 
-- a missing parameter takes N5 Java's default (``{"type": "gzip"}`` is gzip level -1);
-- unknown extra parameters are ignored, as N5 Java's Gson reader ignores them (n5-blosc and
-  z5py write ``typesize``/``nthreads``, n5-zstandard writes ``nbWorkers``, ``windowLog``...);
-- a known parameter of the wrong type or out of range is refused: it names a codec that
-  N5 Java would not build.
+======  ==================  ========  ==========  =============================================
+type    member              required  default     why
+======  ==================  ========  ==========  =============================================
+raw     (none)
+gzip    ``level``           no        -1          N5 Java <= 3 and TensorStore default it (N5
+                                                  Java 4 writes 6); z5 always writes it
+gzip    ``useZlib``         no        false       N5 Java and TensorStore default false; z5 never
+                                                  writes it; true means a zlib, not gzip, stream
+bzip2   ``blockSize``       no        9           N5 Java and TensorStore default 9
+xz      ``preset``          no        6           N5 Java and TensorStore default 6
+lz4     ``blockSize``       no        65536       a writer hint: lz4-java's reader ignores it, z5
+                                                  writes its level (6) there; any int in
+                                                  [1, 2^31-1] (Gson refuses more for an int)
+blosc   ``cname``           **yes**   -           TensorStore, z5 and zarr-python 2 refuse the
+                                                  document without it; N5 Java would silently
+                                                  take blosclz, a codec nobody named
+blosc   ``clevel``          **yes**   -           likewise (N5 Java would take 6)
+blosc   ``shuffle``         **yes**   -           likewise (N5 Java would take 0, no shuffle)
+blosc   ``blocksize``       no        0 (auto)    N5 Java, TensorStore and z5 default 0
+blosc   ``typesize``        no        item size   n5-blosc >= 2024 writes it; absent, we shuffle
+                                                  by the dataset's element size when encoding
+blosc   ``nthreads``        no        1           a runtime hint (n5-blosc, z5 write it)
+zstd    ``level``           no        3           n5-zstandard's default (TensorStore: 0, which
+                                                  zstd reads as 3)
+zstd    Java extras         no        ignored     ``nbWorkers``, ``windowLog``... change how a
+                                                  frame is made, never how it decodes; a
+                                                  non-null ``dict`` is refused (we hold none)
+======  ==================  ========  ==========  =============================================
 
-Every ``decode`` is bounded by ``limit`` through :mod:`n5fs.codecs.limits` (or the lz4-java
-framing's stated lengths): a decompression bomb is refused, never inflated.
+Unknown members are ignored, as N5 Java's reader ignores them. A present member of the
+wrong JSON type or out of range is refused: it names a codec N5 Java would not build.
+
+Framing of ``lz4`` chunks is detected per chunk (:func:`.lz4_block.decode_n5`): lz4-java's
+``LZ4Block`` stream (N5 Java) or one bare LZ4 block (z5). We write N5 Java's framing.
+
+Every ``decode`` is bounded by ``limit`` (:class:`~n5fs.codecs.limits.BoundedDecoder`): a
+decompression bomb is refused, never inflated.
 """
 
 from __future__ import annotations
 
-import abc
 import bz2
 import lzma
 import reprlib
@@ -30,7 +62,7 @@ from typing import Any, ClassVar
 import zstandard
 
 from n5fs.codecs import limits, lz4_block
-from n5fs.codecs.limits import CodecError
+from n5fs.codecs.limits import BoundedDecoder, CodecError
 
 BLOSC_CNAMES = ("blosclz", "lz4", "lz4hc", "snappy", "zlib", "zstd")
 _SHORT = reprlib.Repr()
@@ -45,11 +77,14 @@ def short_repr(value: object) -> str:
 
 _ZSTD_MIN_LEVEL = -(1 << 17)
 _ZSTD_MAX_LEVEL = 22
+#: the largest value Gson reads into a Java ``int`` member
+_JAVA_INT_MAX = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
 class _Param:
-    """One declared parameter: its JSON name, type, default and allowed values."""
+    """One declared member: its JSON name, type, default and allowed values; a ``required``
+    member has no default (see the table in the module docs)."""
 
     name: str
     kind: type
@@ -57,23 +92,18 @@ class _Param:
     lo: int | None = None
     hi: int | None = None
     choices: tuple[str, ...] = ()
+    required: bool = False
 
 
 @dataclass(frozen=True)
-class N5Compression(abc.ABC):
-    """A parsed, validated N5 compression; equal objects encode and decode alike."""
+class N5Compression(BoundedDecoder):
+    """A parsed, validated N5 compression; equal objects encode and decode alike.
+
+    ``encode`` writes what N5 Java would write; ``decode`` never passes ``limit``."""
 
     type: ClassVar[str]
     #: declared parameters, in the order dataclass fields are declared
     params: ClassVar[tuple[_Param, ...]] = ()
-
-    @abc.abstractmethod
-    def encode(self, data: bytes) -> bytes:
-        """The compressed payload N5 Java would write for ``data``."""
-
-    @abc.abstractmethod
-    def decode(self, data: bytes, limit: int) -> bytes:
-        """Decompress ``data`` to at most ``limit`` bytes; raise CodecError otherwise."""
 
     def canonical(self) -> dict[str, Any]:
         """``type`` plus every declared parameter (defaults filled in); extras dropped."""
@@ -160,14 +190,15 @@ class XzCompression(N5Compression):
 
 @dataclass(frozen=True)
 class BloscCompression(N5Compression):
-    """n5-blosc; defaults are its no-argument constructor's (blosclz, 6, no shuffle)."""
+    """n5-blosc. ``cname``, ``clevel`` and ``shuffle`` are required (module docs); the
+    field defaults are n5-blosc's no-argument constructor's, for building one in code."""
 
     type: ClassVar[str] = "blosc"
     params: ClassVar[tuple[_Param, ...]] = (
-        _Param("cname", str, "blosclz", choices=BLOSC_CNAMES),
-        _Param("clevel", int, 6, 0, 9),
-        _Param("shuffle", int, 0, -1, 2),
-        _Param("blocksize", int, 0, 0, (1 << 31) - 1),
+        _Param("cname", str, "blosclz", choices=BLOSC_CNAMES, required=True),
+        _Param("clevel", int, 6, 0, 9, required=True),
+        _Param("shuffle", int, 0, -1, 2, required=True),
+        _Param("blocksize", int, 0, 0, _JAVA_INT_MAX),
     )
     cname: str = "blosclz"
     clevel: int = 6
@@ -218,25 +249,31 @@ class ZstdCompression(N5Compression):
 
 @dataclass(frozen=True)
 class Lz4Compression(N5Compression):
-    """N5 Java's ``lz4``: lz4-java's LZ4Block stream framing (see :mod:`.lz4_block`)."""
+    """N5's ``lz4``: N5 Java writes lz4-java's LZ4Block stream, z5 one bare LZ4 block
+    (:mod:`.lz4_block`); decoding tells them apart per chunk, encoding writes N5 Java's.
+
+    ``blockSize`` only tells lz4-java's *writer* how to cut the stream (z5 stores its
+    compression level there), so any positive Java int is accepted."""
 
     type: ClassVar[str] = "lz4"
     params: ClassVar[tuple[_Param, ...]] = (
-        _Param(
-            "blockSize",
-            int,
-            lz4_block.DEFAULT_BLOCK_SIZE,
-            lz4_block.MIN_BLOCK_SIZE,
-            lz4_block.MAX_BLOCK_SIZE,
-        ),
+        _Param("blockSize", int, lz4_block.DEFAULT_BLOCK_SIZE, 1, _JAVA_INT_MAX),
     )
     block_size: int = lz4_block.DEFAULT_BLOCK_SIZE
 
+    @property
+    def writer_block_size(self) -> int:
+        """``blockSize`` when lz4-java's ``LZ4BlockOutputStream`` takes it (64 B .. 32 MiB),
+        else its default 64 KiB (a z5 level such as 6 would make 64-byte blocks)."""
+        if lz4_block.MIN_BLOCK_SIZE <= self.block_size <= lz4_block.MAX_BLOCK_SIZE:
+            return self.block_size
+        return lz4_block.DEFAULT_BLOCK_SIZE
+
     def encode(self, data: bytes) -> bytes:
-        return lz4_block.encode(data, self.block_size)
+        return lz4_block.encode(data, self.writer_block_size)
 
     def decode(self, data: bytes, limit: int) -> bytes:
-        return lz4_block.decode(data, limit)
+        return lz4_block.decode_n5(data, limit)
 
 
 COMPRESSIONS: Mapping[str, type[N5Compression]] = {
@@ -257,6 +294,16 @@ VERSION0_TYPES = ("raw", "gzip", "bzip2", "lz4", "xz")
 
 def _bad(message: str) -> CodecError:
     return CodecError(message, rule="compression")
+
+
+def _check_required(kind: str, params: tuple[_Param, ...], config: Mapping[str, Any]) -> None:
+    missing = [p.name for p in params if p.required and p.name not in config]
+    if missing:
+        needed = ", ".join(repr(p.name) for p in params if p.required)
+        raise _bad(
+            f"N5 {kind} compression lacks {', '.join(map(repr, missing))}: it needs {needed} "
+            "(TensorStore, z5 and zarr-python 2 cannot open it without them)"
+        )
 
 
 def _param_value(kind: str, param: _Param, config: Mapping[str, Any]) -> Any:
@@ -308,6 +355,7 @@ def parse_compression(config: object, *, itemsize: int = 1) -> N5Compression:
             f"unknown N5 compression type {short_repr(kind)}; known: {', '.join(COMPRESSIONS)}",
             rule="unknown-compression",
         )
+    _check_required(kind, cls.params, config)
     _check_extras(kind, config)
     values = {_attr(p): _param_value(kind, p, config) for p in cls.params}
     if cls is BloscCompression:
