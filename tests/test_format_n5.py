@@ -345,22 +345,87 @@ def test_valid_end_blocks_of_that_dataset_pass() -> None:
         ("2/2", KeyKind.CHUNK, (2, 2), True),
         ("3/0", KeyKind.CHUNK, (3, 0), False),
         ("0/12", KeyKind.CHUNK, (0, 12), False),
-        ("0", KeyKind.OTHER, None, True),
-        ("0/0/0", KeyKind.OTHER, None, True),
-        ("01/0", KeyKind.OTHER, None, True),
-        ("-1/0", KeyKind.OTHER, None, True),
-        ("+1/0", KeyKind.OTHER, None, True),
+        # chunk-like keys that break N5's grammar: refused, never stored as plain files
+        ("0", KeyKind.INVALID, None, True),  # too few indices
+        ("0/0/0", KeyKind.INVALID, None, True),  # too many
+        ("01/0", KeyKind.INVALID, None, True),  # a leading zero
+        ("-1/0", KeyKind.INVALID, None, True),  # a sign
+        ("+1/0", KeyKind.INVALID, None, True),
+        ("0.0", KeyKind.INVALID, None, True),  # Zarr v2's separator
+        ("c/0/0", KeyKind.INVALID, None, True),  # Zarr v3's prefix
+        ("9" * 5000 + "/0", KeyKind.INVALID, None, True),  # over-long index
+        ("9", KeyKind.INVALID, None, True),
+        # not chunk-like: ordinary files
         ("\u0661/0", KeyKind.OTHER, None, True),  # an Arabic-Indic one is no N5 index
         ("0/0.partial", KeyKind.OTHER, None, True),
         ("README.md", KeyKind.OTHER, None, True),
-        ("9" * 5000 + "/0", KeyKind.OTHER, None, True),
         ("9" * 300 + "/0", KeyKind.CHUNK, (int("9" * 300), 0), False),
         ("a/attributes.json", KeyKind.OTHER, None, True),
+        ("0/attributes.json", KeyKind.OTHER, None, True),
     ],
 )
 def test_classify(key: str, kind: KeyKind, position: tuple[int, ...] | None, in_grid: bool) -> None:
     found = dataset([10, 7], [4, 3]).classify(key)
     assert (found.kind, found.position, found.in_grid) == (kind, position, in_grid)
+    if kind is KeyKind.INVALID:
+        assert found.rule == "chunk-key"
+        assert "2 indices joined by '/'" in found.message
+        assert len(found.message) < 300  # an over-long key is cut in the message
+    else:
+        assert (found.rule, found.message) == ("", "")
+
+
+def test_classify_names_the_rank_of_a_1d_dataset() -> None:
+    found = dataset([10], [4]).classify("0/0")
+    assert found.kind is KeyKind.INVALID
+    assert "1 index joined by '/' (e.g. '0')" in found.message
+    assert dataset([10], [4]).classify("2").position == (2,)
+
+
+# --- which attributes.json is N5 metadata -------------------------------------------------
+
+
+def _loader(data: bytes) -> Any:
+    calls: list[int] = []
+
+    def load() -> bytes:
+        calls.append(1)
+        return data
+
+    load.calls = calls  # type: ignore[attr-defined]
+    return load
+
+
+@pytest.mark.parametrize(
+    ("name", "context", "data", "claimed"),
+    [
+        ("attributes.json", "n5", b"{}", True),
+        ("attributes.json", "n5", b"{not json", True),  # claimed, then refused by parse
+        ("attributes.json", "n5", b"[1]", True),
+        ("attributes.json", None, b'{"n5": "4.0.0"}', True),
+        ("attributes.json", None, b'{"dimensions": [3]}', True),  # one dataset key suffices
+        ("attributes.json", "zarr2", b'{"dataType": "uint8"}', True),
+        ("attributes.json", None, b'{"compressionType": "gzip"}', True),
+        ("attributes.json", None, b'{"title": "any tool may write this"}', False),
+        ("attributes.json", None, b"{not json", False),
+        ("attributes.json", None, b'["n5"]', False),
+        ("attributes.json", "zarr3", b"{}", False),
+        (".zarray", "n5", b'{"n5": "4.0.0"}', False),
+        ("zarr.json", None, b'{"n5": "4.0.0"}', False),
+        ("Attributes.json", "n5", b"{}", False),
+    ],
+)
+def test_claims(name: str, context: str | None, data: bytes, claimed: bool) -> None:
+    assert FMT.claims(name, context, _loader(data)) is claimed
+
+
+def test_claims_reads_nothing_it_does_not_need() -> None:
+    inside = _loader(b"{}")
+    assert FMT.claims("attributes.json", "n5", inside)
+    assert inside.calls == []  # the context decides
+    other = _loader(b"{}")
+    assert not FMT.claims("README.md", None, other)
+    assert other.calls == []
 
 
 # --- attributes.json ----------------------------------------------------------------------

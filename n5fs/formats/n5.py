@@ -37,10 +37,19 @@ from n5fs.codecs.n5_compression import (
 )
 from n5fs.codecs.n5_header import BlockHeader, decode_header, encode_header
 from n5fs.errors import Rejected
-from n5fs.formats.base import ArrayNode, Classified, Format, GroupNode, KeyKind, Node
+from n5fs.formats.base import (
+    ArrayNode,
+    Classified,
+    Format,
+    GroupNode,
+    KeyKind,
+    Node,
+    bad_chunk_key,
+    chunk_like,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 ATTRIBUTES = "attributes.json"
 VERSION_KEY = "n5"
@@ -66,7 +75,8 @@ DATA_TYPES: Mapping[str, str] = {
 _INT64_MAX = (1 << 63) - 1
 _INT32_MAX = (1 << 31) - 1
 # Canonical decimals as N5 Java writes them; the cap keeps int() under Python's 4300 digits.
-_INDEX = re.compile(r"0|[1-9][0-9]{0,999}")
+_MAX_INDEX_DIGITS = 1000
+_INDEX = re.compile(rf"0|[1-9][0-9]{{0,{_MAX_INDEX_DIGITS - 1}}}", re.ASCII)
 _VERSION = re.compile(r"([0-9]+)(?:\.[0-9]+){0,2}(?:[-+].*)?")
 _USER_EXCLUDED = frozenset((*DATASET_KEYS, VERSION0_COMPRESSION_KEY, VERSION_KEY))
 
@@ -242,14 +252,25 @@ class N5ArrayNode(ArrayNode):
 
     def classify(self, rel_key: str) -> Classified:
         """``attributes.json`` -> METADATA; ``i/j/k`` (one canonical decimal per dimension)
-        -> CHUNK; anything else (``01/2``, temp names, READMEs) -> OTHER."""
+        -> CHUNK; a key that only looks like one (``01/2``, ``-1/0``, ``0/0/0`` in 2-D,
+        ``0.0``) -> INVALID; anything else (temp names, READMEs) -> OTHER."""
         if rel_key == ATTRIBUTES:
             return Classified(KeyKind.METADATA)
         parts = rel_key.split("/")
         if len(parts) != len(self.dimensions) or not all(_INDEX.fullmatch(p) for p in parts):
+            if chunk_like(rel_key):
+                return bad_chunk_key(rel_key, self._grammar())
             return Classified(KeyKind.OTHER)
         position = tuple(int(p) for p in parts)
         return Classified(KeyKind.CHUNK, position, self.in_grid(position))
+
+    def _grammar(self) -> str:
+        n = len(self.dimensions)
+        return (
+            f"{n} {'index' if n == 1 else 'indices'} joined by '/' (e.g. "
+            f"{'/'.join('0' * n)!r}), each a plain decimal: no sign, no leading zero, "
+            f"at most {_MAX_INDEX_DIGITS} digits"
+        )
 
     def chunk_key(self, position: tuple[int, ...]) -> str:
         return "/".join(str(p) for p in position)
@@ -368,6 +389,7 @@ class N5Format(Format):
     probe_names: ClassVar[frozenset[str]] = frozenset({ATTRIBUTES})
     metadata_names: ClassVar[frozenset[str]] = frozenset({ATTRIBUTES})
     tensorstore_driver: ClassVar[str] = "n5"
+    implicit_groups: ClassVar[bool] = True
 
     def matches(self, probes: Mapping[str, bytes]) -> bool:
         """An N5 root or dataset: ``attributes.json`` with the ``"n5"`` version or all four
@@ -380,6 +402,21 @@ class N5Format(Format):
         except Rejected:
             return False
         return VERSION_KEY in attrs or is_dataset_attributes(attrs)
+
+    def claims(self, name: str, context: str | None, load: Callable[[], bytes]) -> bool:
+        """``attributes.json`` is N5 metadata inside an N5 hierarchy, or anywhere when it
+        declares N5 (the ``"n5"`` version or any dataset key); elsewhere it is an ordinary
+        file (any tool may write an ``attributes.json``), as is one that is not a JSON
+        object. Other names are never N5 metadata."""
+        if name != ATTRIBUTES:
+            return False
+        if context == self.name:
+            return True
+        try:
+            attrs = load_attributes(load())
+        except Rejected:
+            return False
+        return VERSION_KEY in attrs or bool(present_dataset_keys(attrs))
 
     def parse_metadata(self, name: str, data: bytes, *, path: str = "") -> Node:
         if name != ATTRIBUTES:
