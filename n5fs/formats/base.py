@@ -246,10 +246,11 @@ class Format(abc.ABC):
         """Parse and validate metadata file ``name`` (e.g. ``.zarray``); raise Rejected."""
 
     def node_from_probes(self, probes: Mapping[str, bytes], *, path: str = "") -> Node | None:
-        """The folder's node (array before group) from its probe files, or None."""
+        """The folder's node (array before group) from its probe files, or None. ``path`` is
+        the folder's prefix (``""`` or ``"a/b/"``); an error names the metadata key."""
         for name in sorted(self.probe_names):
             if name in probes:
-                node = self.parse_metadata(name, probes[name], path=path)
+                node = self.parse_metadata(name, probes[name], path=path + name)
                 if isinstance(node, (ArrayNode, GroupNode)) and not isinstance(node, AttrsNode):
                     return node
         return None
