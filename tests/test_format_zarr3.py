@@ -535,6 +535,47 @@ def test_only_zarr_json_is_metadata() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("", "empty"),
+        ("a/b", "'/'"),
+        (".", "only of periods"),
+        ("..", "only of periods"),
+        ("...", "only of periods"),
+        ("__zarr", "reserved"),
+        ("__", "reserved"),
+        ("zarr.json", "metadata name"),
+    ],
+)
+def test_node_names_the_spec_forbids(name: str, problem: str) -> None:
+    found = F.node_name_problem(name)
+    assert found is not None
+    assert problem in found
+
+
+@pytest.mark.parametrize(
+    # the spec only recommends a-zA-Z0-9-_. and NFKC case-folded names; writers use others
+    "name",
+    ["a", "A", "_x", "x__", ".hidden", "a.", "..a", "c", "0", "ü-µ", "名前", "sp ace", "ZARR.JSON"],
+)
+def test_node_names_the_spec_allows(name: str) -> None:
+    assert F.node_name_problem(name) is None
+
+
+def test_zarr_python_writes_names_the_spec_forbids(tmp_path: Path) -> None:
+    """zarr-python 3 does not check the MUSTs itself: n5fs is the one to refuse these."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        group = zarr.open_group(str(tmp_path), mode="w", zarr_format=3)
+        group.create_group("__reserved")
+        group.create_array("...", shape=(2,), dtype="int8")
+        group.create_group("名前")
+    folders = sorted(p.parent.name for p in tmp_path.glob("*/zarr.json"))
+    assert folders == ["...", "__reserved", "名前"]
+    assert [F.node_name_problem(n) is None for n in folders] == [False, False, True]
+
+
 # --------------------------------------------------------------------------- chunk keys
 
 
@@ -563,30 +604,44 @@ V2SLASH = {"name": "v2", "configuration": {"separator": "/"}}
         (SLASH, [10, 7], "c/0/0", "chunk", (0, 0), True),
         (SLASH, [10, 7], "c/2/2", "chunk", (2, 2), True),
         (SLASH, [10, 7], "c/3/0", "chunk", (3, 0), False),
-        (SLASH, [10, 7], "c/0", "chunk", (0,), False),
-        (SLASH, [10, 7], "c/0/0/0", "chunk", (0, 0, 0), False),
-        (SLASH, [10, 7], "c", "chunk", (), False),
-        (SLASH, [10, 7], "c/01/0", "other", None, True),
-        (SLASH, [10, 7], "c/-1/0", "other", None, True),
+        (SLASH, [10, 7], "c/0", "invalid", None, True),
+        (SLASH, [10, 7], "c/0/0/0", "invalid", None, True),
+        (SLASH, [10, 7], "c", "invalid", None, True),
+        (SLASH, [10, 7], "c/01/0", "invalid", None, True),
+        (SLASH, [10, 7], "c/-1/0", "invalid", None, True),
+        (SLASH, [10, 7], "c/+1/0", "invalid", None, True),
+        (SLASH, [10, 7], "c/0.1", "invalid", None, True),
+        (SLASH, [10, 7], "c/0/0/", "other", None, True),
+        (SLASH, [10, 7], "c/" + "9" * 30 + "/0", "chunk", (10**30 - 1, 0), False),
+        (SLASH, [10, 7], "c/" + "1" * 5000 + "/0", "invalid", None, True),
+        (SLASH, [10, 7], "cc/0/0", "other", None, True),
         (SLASH, [10, 7], "c//0", "other", None, True),
         (SLASH, [10, 7], "c/0/0.3f2a9c.partial", "other", None, True),
         (SLASH, [10, 7], "c/0/0__lock", "other", None, True),
         (SLASH, [10, 7], "c/0/.0.Xq12ab", "other", None, True),
-        (SLASH, [10, 7], "c.0.0", "other", None, True),
-        (SLASH, [10, 7], "0.0", "other", None, True),
+        (SLASH, [10, 7], "c.0.0", "invalid", None, True),
+        (SLASH, [10, 7], "0.0", "invalid", None, True),
+        (SLASH, [10, 7], "0/0", "invalid", None, True),
         (SLASH, [10, 7], "README.md", "other", None, True),
         (DOT, [10, 7], "c.1.2", "chunk", (1, 2), True),
-        (DOT, [10, 7], "c/1/2", "other", None, True),
+        (DOT, [10, 7], "c/1/2", "invalid", None, True),
+        (DOT, [10, 7], "c.1.2.0", "invalid", None, True),
         (V2DOT, [10, 7], "1.2", "chunk", (1, 2), True),
-        (V2DOT, [10, 7], "c.1.2", "other", None, True),
-        (V2DOT, [10, 7], "1/2", "other", None, True),
-        (V2DOT, [10, 7], "0", "chunk", (0,), False),
+        (V2DOT, [10, 7], "c.1.2", "invalid", None, True),
+        (V2DOT, [10, 7], "c", "other", None, True),
+        (V2DOT, [10, 7], "1/2", "invalid", None, True),
+        (V2DOT, [10, 7], "1.02", "invalid", None, True),
+        (V2DOT, [10, 7], "0", "invalid", None, True),
         (V2SLASH, [10, 7], "1/2", "chunk", (1, 2), True),
-        (V2SLASH, [10, 7], "1.2", "other", None, True),
+        (V2SLASH, [10, 7], "1.2", "invalid", None, True),
         (SLASH, [], "c", "chunk", (), True),
-        (SLASH, [], "c/0", "chunk", (0,), False),
+        (SLASH, [], "c/0", "invalid", None, True),
         (V2DOT, [], "0", "chunk", (), True),
-        (V2DOT, [], "1", "chunk", (1,), False),
+        (V2DOT, [], "1", "invalid", None, True),
+        (V2DOT, [], "00", "invalid", None, True),
+        (V2DOT, [], "c", "other", None, True),
+        (V2DOT, [7], "6", "chunk", (6,), False),
+        (V2DOT, [7], "1.0", "invalid", None, True),
     ],
 )
 def test_classify(
@@ -599,6 +654,26 @@ def test_classify(
 ) -> None:
     found = _node(encoding, shape).classify(key)
     assert (found.kind.value, found.position, found.in_grid) == (kind, position, in_grid)
+    if found.kind is KeyKind.INVALID:
+        assert found.rule == "chunk-key"
+        assert "looks like a chunk key" in found.message
+
+
+@pytest.mark.parametrize(
+    ("encoding", "shape", "grammar"),
+    [
+        (SLASH, [10, 7], "'c' followed by 2 indices, each after '/', such as 'c/0/0'"),
+        (DOT, [10], "'c' followed by 1 index, each after '.', such as 'c.0'"),
+        (V2DOT, [10, 7], "2 indices joined by '.', such as '0.0'"),
+        (V2SLASH, [10], "1 index, such as '0'"),
+        (SLASH, [], "the single key 'c'"),
+        (V2DOT, [], "the single key '0'"),
+    ],
+)
+def test_bad_chunk_key_names_the_grammar(encoding: Any, shape: list[int], grammar: str) -> None:
+    found = _node(encoding, shape).classify("00.00.00")
+    assert found.kind is KeyKind.INVALID
+    assert grammar in found.message
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,8 @@ from n5fs.formats.base import ArrayNode, Classified, Format, GroupNode, KeyKind,
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+from n5fs.formats.base import bad_chunk_key, chunk_like
+
 FMT = "zarr3"
 METADATA_NAME = "zarr.json"
 #: Largest decoded unit (a chunk, or an inner chunk of a shard) validated in memory.
@@ -180,7 +182,9 @@ def fill_identity(fill: Any, data_type: DataType) -> str:
 
 # --------------------------------------------------------------------------- chunk keys
 
-_DECIMAL = re.compile(r"0|[1-9][0-9]*")
+#: one canonical index: no sign, no leading zero; 1000 digits keeps int() under Python's
+#: 4300-digit limit (any index past 19 digits lies outside every grid anyway)
+_DECIMAL = re.compile(r"0|[1-9][0-9]{0,999}", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -221,17 +225,37 @@ class ChunkKeyEncoding:
         return self.separator.join(parts) if parts else "0"
 
     def parse_key(self, key: str, ndim: int) -> tuple[int, ...] | None:
-        """The grid position a key names (any length: callers check the grid), or None."""
+        """The grid position ``key`` names (``ndim`` indices, not checked against the grid),
+        or None when ``key`` is not a chunk key of an ``ndim``-dimensional array."""
+        if self.name == "v2" and ndim == 0:
+            return () if key == "0" else None
         parts = key.split(self.separator)
         if self.name == "default":
             if parts[0] != "c":
                 return None
             parts = parts[1:]
-        elif ndim == 0 and key == "0":
-            return ()
-        if not all(_DECIMAL.fullmatch(p) for p in parts):
+        if len(parts) != ndim or not all(_DECIMAL.fullmatch(p) for p in parts):
             return None
         return tuple(int(p) for p in parts)
+
+    def looks_like_key(self, key: str) -> bool:
+        """Is ``key`` chunk-shaped (see :func:`chunk_like`)? A bare ``c`` is too under the
+        default encoding: the 0-d key, wrong for an array with dimensions."""
+        return chunk_like(key) or (self.name == "default" and key == "c")
+
+    def grammar(self, ndim: int) -> str:
+        """This encoding's chunk keys for ``ndim`` dimensions, in words (for refusals)."""
+        example = self.key((0,) * ndim)
+        if ndim == 0:
+            return f"the single key {example!r} (the array has 0 dimensions)"
+        count = f"{ndim} {'index' if ndim == 1 else 'indices'}"
+        if self.name == "default":
+            layout = f"'c' followed by {count}, each after {self.separator!r}"
+        elif ndim == 1:
+            layout = count
+        else:
+            layout = f"{count} joined by {self.separator!r}"
+        return f"{layout}, such as {example!r}; decimal, without sign or leading zeros"
 
 
 # --------------------------------------------------------------------------- documents
@@ -461,10 +485,13 @@ class Zarr3ArrayNode(ArrayNode):
     def classify(self, rel_key: str) -> Classified:
         if rel_key == METADATA_NAME:
             return Classified(KeyKind.METADATA)
-        position = self.key_encoding.parse_key(rel_key, len(self.array_shape))
-        if position is None:
-            return Classified(KeyKind.OTHER)
-        return Classified(KeyKind.CHUNK, position, self.in_grid(position))
+        ndim = len(self.array_shape)
+        position = self.key_encoding.parse_key(rel_key, ndim)
+        if position is not None:
+            return Classified(KeyKind.CHUNK, position, self.in_grid(position))
+        if self.key_encoding.looks_like_key(rel_key):
+            return bad_chunk_key(rel_key, self.key_encoding.grammar(ndim))
+        return Classified(KeyKind.OTHER)
 
     def chunk_key(self, position: tuple[int, ...]) -> str:
         return self.key_encoding.key(position)
@@ -572,6 +599,32 @@ class Zarr3Format(Format):
             return parse_document(load_json(data))
         except Rejected as exc:
             raise retag(exc, path) from exc
+
+    def node_name_problem(self, name: str) -> str | None:
+        """The core spec's "Node names" MUSTs, exactly: not empty, no ``/``, not only
+        periods, no reserved ``__`` prefix, not ``zarr.json``.
+
+        The spec's recommendations are not enforced. Characters outside ``a-zA-Z0-9-_.``
+        and names that are not case-folded NFKC are only advised against, and real writers
+        use them (zarr-python 3 refuses nothing but ``.`` and ``..`` path segments;
+        TensorStore opens an array at any path), so refusing them would lock users out of
+        their own stores. Case-insensitive uniqueness is no rule at all: the spec says names
+        are case sensitive, ``foo`` and ``FOO`` being two nodes (that they collide on a
+        case-folding file system is a limit of that store, which refuses the second name
+        itself). ``ZARR.JSON`` passes for the same reason.
+        """
+        spec = "the Zarr v3 core spec"
+        if not name:
+            return f"a node name must not be empty ({spec})"
+        if "/" in name:
+            return f"node name {name[:80]!r} must not contain '/' ({spec})"
+        if not name.strip("."):
+            return f"node name {name[:80]!r} must not consist only of periods ({spec})"
+        if name.startswith("__"):
+            return f"node name {name[:80]!r} starts with '__', a prefix reserved by {spec}"
+        if name == METADATA_NAME:
+            return f"a node must not be named {METADATA_NAME!r}, the metadata name ({spec})"
+        return None
 
 
 # --------------------------------------------------------------------------- consolidation
