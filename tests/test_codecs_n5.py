@@ -348,7 +348,9 @@ def test_tensorstore_agrees_on_what_blosc_requires(tmp_path: Path) -> None:
         parse_compression(optional)
 
 
-@pytest.mark.parametrize("block_size", [1, 6, 63, 1 << 25, (1 << 25) + 1, (1 << 31) - 1])
+@pytest.mark.parametrize(
+    "block_size", [-(1 << 31), -3, 0, 1, 6, 63, 1 << 25, (1 << 25) + 1, (1 << 31) - 1]
+)
 def test_lz4_block_size_is_only_a_writer_hint(block_size: int) -> None:
     codec = parse_compression({"type": "lz4", "blockSize": block_size})
     assert isinstance(codec, Lz4Compression)
@@ -412,9 +414,9 @@ def test_writer_extras_are_tolerated() -> None:
         ({"type": "gzip", "useZlib": 1}, "compression"),
         ({"type": "bzip2", "blockSize": 0}, "compression"),
         ({"type": "xz", "preset": 10}, "compression"),
-        ({"type": "lz4", "blockSize": 0}, "compression"),
-        ({"type": "lz4", "blockSize": -6}, "compression"),
         ({"type": "lz4", "blockSize": 1 << 31}, "compression"),
+        ({"type": "lz4", "blockSize": -(1 << 31) - 1}, "compression"),
+        ({"type": "lz4", "blockSize": True}, "compression"),
         ({"type": "lz4", "blockSize": 6.0}, "compression"),
         ({"type": "blosc", **BLOSC_REQUIRED, "cname": "lzma"}, "compression"),
         ({"type": "blosc", **BLOSC_REQUIRED, "shuffle": 3}, "compression"),

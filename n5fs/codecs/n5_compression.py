@@ -20,9 +20,9 @@ gzip    ``useZlib``         no        false       N5 Java and TensorStore defaul
                                                   writes it; true means a zlib, not gzip, stream
 bzip2   ``blockSize``       no        9           N5 Java and TensorStore default 9
 xz      ``preset``          no        6           N5 Java and TensorStore default 6
-lz4     ``blockSize``       no        65536       a writer hint: lz4-java's reader ignores it, z5
-                                                  writes its level (6) there; any int in
-                                                  [1, 2^31-1] (Gson refuses more for an int)
+lz4     ``blockSize``       no        65536       a writer hint: lz4-java's reader ignores it;
+                                                  z5 writes its level there (6, or 0, -3... as
+                                                  given); any Java int (Gson refuses more)
 blosc   ``cname``           **yes**   -           TensorStore, z5 and zarr-python 2 refuse the
                                                   document without it; N5 Java would silently
                                                   take blosclz, a codec nobody named
@@ -77,8 +77,8 @@ def short_repr(value: object) -> str:
 
 _ZSTD_MIN_LEVEL = -(1 << 17)
 _ZSTD_MAX_LEVEL = 22
-#: the largest value Gson reads into a Java ``int`` member
-_JAVA_INT_MAX = (1 << 31) - 1
+#: the range Gson reads into a Java ``int`` member
+_JAVA_INT_MIN, _JAVA_INT_MAX = -(1 << 31), (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -253,11 +253,12 @@ class Lz4Compression(N5Compression):
     (:mod:`.lz4_block`); decoding tells them apart per chunk, encoding writes N5 Java's.
 
     ``blockSize`` only tells lz4-java's *writer* how to cut the stream (z5 stores its
-    compression level there), so any positive Java int is accepted."""
+    compression level there, whatever the user gave: 6, 0, -3), so any Java int is
+    accepted."""
 
     type: ClassVar[str] = "lz4"
     params: ClassVar[tuple[_Param, ...]] = (
-        _Param("blockSize", int, lz4_block.DEFAULT_BLOCK_SIZE, 1, _JAVA_INT_MAX),
+        _Param("blockSize", int, lz4_block.DEFAULT_BLOCK_SIZE, _JAVA_INT_MIN, _JAVA_INT_MAX),
     )
     block_size: int = lz4_block.DEFAULT_BLOCK_SIZE
 
