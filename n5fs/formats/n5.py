@@ -15,7 +15,13 @@ Z]``). The payload is the values in that order with the *first* index varying fa
 Liberal where real writers differ: end chunks may be clipped to the dataset (N5 Java, z5)
 or full-size (TensorStore, zarr-python); the root ``"n5"`` version may be absent (TensorStore)
 or any version N5 Java itself accepts (major <= 4: zarr-python 2 and z5 write ``2.0.0``);
-N5 version 0's ``compressionType`` string stands in for ``compression``.
+N5 version 0's ``compressionType`` string stands in for ``compression``; ``lz4`` chunks may be
+lz4-java streams (N5 Java) or bare LZ4 blocks (z5), told apart per chunk. Which members each
+``compression`` needs is decided in :mod:`n5fs.codecs.n5_compression`.
+
+Keys: a chunk-like name (see :func:`~n5fs.formats.base.chunk_like`) that is not exactly one
+canonical decimal per dimension joined by ``/`` is INVALID (``01/0``, ``-1/0``, ``0.0``, a
+wrong index count), never an ordinary file that would shadow or fake a chunk.
 """
 
 from __future__ import annotations
