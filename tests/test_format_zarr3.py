@@ -27,13 +27,8 @@ from zarr.core.dtype import VariableLengthBytes
 from n5fs.errors import Rejected
 from n5fs.formats import zarr3
 from n5fs.formats.base import KeyKind
-from n5fs.formats.zarr3 import (
-    Zarr3ArrayNode,
-    Zarr3Format,
-    Zarr3GroupNode,
-    consolidate,
-    consolidated_is_current,
-)
+from n5fs.formats.consolidation import consolidate, consolidated_is_current
+from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format, Zarr3GroupNode
 
 F = Zarr3Format()
 LE = {"name": "bytes", "configuration": {"endian": "little"}}

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from n5fs.errors import KeyNotFound, Rejected
-from n5fs.formats.zarr3 import consolidated_metadata
+from n5fs.formats.consolidation import consolidated_metadata
 from n5fs.gateway import EntryKind, Gateway, GatewayConfig
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore

@@ -5,7 +5,8 @@ key, how one entry changes, and which entries of a stored document are stale.
 Stale consolidated metadata is the most reported zarr complaint: a reader that trusts it never
 sees an array written after consolidation. The gateway keeps every document true on each
 metadata commit (:meth:`Consolidation.updated`); ``n5fs validate`` reports the documents that
-are not (:meth:`Consolidation.stale_entries`).
+are not (:meth:`Consolidation.stale_entries`). :func:`consolidated_metadata` builds a whole v3
+block from scratch, as zarr-python 3 writes it, from the same two helpers the updates use.
 
 Entries are compared as JSON values, never as bytes, and a document is only rewritten when an
 entry really changes: ``cp -r`` of a consolidated hierarchy leaves its bytes untouched (so
@@ -170,3 +171,28 @@ def _ordered(entries: Mapping[str, Any]) -> dict[str, Any]:
             entries, key=lambda k: (k.count("/"), unicodedata.normalize("NFKC", k).casefold())
         )
     }
+
+
+def consolidated_metadata(children: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The inline ``consolidated_metadata`` zarr-python 3 writes for a group.
+
+    ``children`` maps every descendant's path relative to the group (``"a"``, ``"a/b"``)
+    to that node's own ``zarr.json`` document. As zarr-python does, child groups carry an
+    empty consolidated block and entries are ordered by depth, then case-folded name.
+    """
+    entries = {path: _as_child(dict(doc)) for path, doc in children.items()}
+    return {**_EMPTY_V3_BLOCK, "metadata": _ordered(entries)}
+
+
+def consolidate(
+    group_doc: Mapping[str, Any], children: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``group_doc`` with its consolidated_metadata rebuilt from ``children``."""
+    return {**group_doc, "consolidated_metadata": consolidated_metadata(children)}
+
+
+def consolidated_is_current(
+    group_doc: Mapping[str, Any], children: Mapping[str, Mapping[str, Any]]
+) -> bool:
+    """Does the stored block equal what ``children`` would produce (order ignored)?"""
+    return group_doc.get("consolidated_metadata") == consolidated_metadata(children)
