@@ -9,12 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import numcodecs
+import numcodecs.categorize
+import numcodecs.delta
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from numcodecs.compat import ensure_contiguous_ndarray
 
+from n5fs.codecs import limits
 from n5fs.codecs.limits import CodecError
 from n5fs.codecs.v2_pipeline import (
+    SAFE_PICKLE_GLOBALS,
     V2Pipeline,
     build_codec,
     check_pickle,
@@ -337,6 +343,39 @@ def test_object_arrays_need_an_object_codec_first(filters: Any) -> None:
     assert info.value.rule == "object-codec"
 
 
+@pytest.mark.parametrize(
+    ("compressor", "filters", "dtype"),
+    [
+        (None, [{"id": "delta", "dtype": "<u2"}, {"id": "vlen-bytes"}], U2),
+        (None, [{"id": "json2"}], U2),
+        ({"id": "pickle"}, [{"id": "vlen-utf8"}], OBJ),
+        (None, [{"id": "vlen-utf8"}, {"id": "vlen-bytes"}], OBJ),
+    ],
+)
+def test_item_codecs_only_first_in_object_arrays(
+    compressor: Any, filters: list[dict[str, Any]], dtype: np.dtype[Any]
+) -> None:
+    """A 4-byte chunk through vlen-bytes anywhere else would allocate GiB of item slots."""
+    with pytest.raises(CodecError) as info:
+        V2Pipeline(compressor, filters, dtype)
+    assert info.value.rule == "object-codec"
+
+
+def test_categorize_converts_the_arrays_own_dtype() -> None:
+    V2Pipeline(
+        None,
+        [{"id": "categorize", "labels": ["a"], "dtype": "<U1", "astype": "u1"}],
+        np.dtype("<U1"),
+    )
+    with pytest.raises(CodecError) as info:
+        V2Pipeline(
+            None,
+            [{"id": "categorize", "labels": ["a"], "dtype": "<U1000000", "astype": "u1"}],
+            OBJ,
+        )
+    assert info.value.rule == "codec-config"
+
+
 def test_object_chunk_bomb_refused_by_the_object_limit() -> None:
     pipe = V2Pipeline({"id": "zlib"}, [{"id": "vlen-bytes"}], OBJ, object_limit=1 << 20)
     with pytest.raises(CodecError) as info:
@@ -353,3 +392,132 @@ def test_categorize_object_chunk_is_size_checked() -> None:
     with pytest.raises(CodecError) as info:
         pipe.check_objects(data, 5)
     assert info.value.rule == "decoded-size"
+
+
+# --- what a codec raises: bad input is a refusal, anything else is not ----------------------
+
+#: every numcodecs codec as a compressor or filter of a "<u2" array, and the object codecs
+GARBAGE_PIPELINES: list[tuple[Any, list[dict[str, Any]] | None, np.dtype[Any]]] = [
+    *((c, None, U2) for c in COMPRESSORS),
+    ({"id": "lzma", "format": 3, "filters": [{"id": 33}]}, None, U2),  # raw: not bounded
+    *((None, [f], U2) for f, _ in FILTERS),
+    *((None, [{"id": i}], OBJ) for i in ("vlen-utf8", "vlen-bytes", "json2", "pickle")),
+    (None, [{"id": "vlen-array", "dtype": "<i4"}], OBJ),
+    (None, [{"id": "categorize", "labels": ["a"], "dtype": "|O", "astype": "|u1"}], OBJ),
+]
+
+
+def _garbage_ids() -> list[str]:
+    return [f"{c and c['id']}-{[f['id'] for f in fs or ()]}" for c, fs, _ in GARBAGE_PIPELINES]
+
+
+@pytest.mark.parametrize(("compressor", "filters", "dtype"), GARBAGE_PIPELINES, ids=_garbage_ids())
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=96) | st.sampled_from([b"", b"\x00" * 4, b"\xff" * 16]))
+def test_garbage_is_refused_never_crashes(
+    compressor: Any, filters: list[dict[str, Any]] | None, dtype: np.dtype[Any], data: bytes
+) -> None:
+    pipe = V2Pipeline(compressor, filters, dtype)
+    try:
+        if pipe.is_object:
+            pipe.check_objects(data, 4)
+        else:
+            pipe.decode(data, 32)
+    except CodecError:
+        pass
+
+
+@pytest.mark.parametrize(("compressor", "filters", "dtype"), GARBAGE_PIPELINES, ids=_garbage_ids())
+def test_damaged_real_chunks_are_refused(
+    compressor: Any, filters: list[dict[str, Any]] | None, dtype: np.dtype[Any]
+) -> None:
+    """Truncated and bit-flipped chunks the codecs themselves wrote."""
+    pipe = V2Pipeline(compressor, filters, dtype)
+    values = np.array(["a", "b", "a", "a"], dtype=object) if pipe.is_object else RAMP[:16]
+    try:
+        data = pipe.encode(values)
+    except (TypeError, ValueError):
+        data = bytes(range(64))  # the pipeline cannot write: judge any bytes
+    damaged = [data[: len(data) // 2], data[:-1], data + b"\x00\x01"]
+    for i in range(0, len(data), max(1, len(data) // 12)):
+        flipped = bytearray(data)
+        flipped[i] ^= 0x5A
+        damaged.append(bytes(flipped))
+    for chunk in damaged:
+        try:
+            if pipe.is_object:
+                pipe.check_objects(chunk, values.size)
+            else:
+                pipe.decode(chunk, values.nbytes)
+        except CodecError:
+            pass
+
+
+def test_lazily_accepted_bad_parameter_is_a_refusal() -> None:
+    """numcodecs accepts ``format: "x"`` until it decodes: still the content's fault."""
+    pipe = V2Pipeline({"id": "lzma", "format": "x"}, None, U2)
+    with pytest.raises(CodecError) as info:
+        pipe.decode(b"\xfd7zXZ\x00" + bytes(26), 32)
+    assert info.value.rule == "undecodable"
+
+
+def _raise(exc: BaseException) -> Any:
+    def decode(*_args: Any, **_kwargs: Any) -> Any:
+        raise exc
+
+    return decode
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), AttributeError("a bug"), KeyError("a bug")])
+def test_what_is_not_bad_input_propagates(
+    monkeypatch: pytest.MonkeyPatch, exc: BaseException
+) -> None:
+    """A MemoryError or a bug is not 'content refused' (EINVAL): it surfaces as itself."""
+    kind = type(exc)
+    monkeypatch.setattr(numcodecs.delta.Delta, "decode", _raise(exc))
+    with pytest.raises(kind):
+        V2Pipeline(None, [{"id": "delta", "dtype": "<u2"}], U2).decode(RAMP.tobytes(), RAMP.nbytes)
+    monkeypatch.setattr(limits, "zlib_decompress", _raise(exc))  # the bounded path
+    with pytest.raises(kind):
+        V2Pipeline({"id": "zlib"}, None, U2).decode(b"x", 8)
+    monkeypatch.setattr(numcodecs.categorize.Categorize, "decode", _raise(exc))  # objects
+    pipe = V2Pipeline(None, [{"id": "categorize", "labels": ["a"], "dtype": "|O"}], OBJ)
+    with pytest.raises(kind):
+        pipe.check_objects(b"\x01", 1)
+
+
+def test_a_codec_constructor_bug_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(numcodecs.delta.Delta, "__init__", _raise(MemoryError()))
+    with pytest.raises(MemoryError):
+        build_codec({"id": "delta", "dtype": "<u2"}, what="filters[0]")
+
+
+# --- a format's extra pickle globals ---------------------------------------------------------
+
+
+class Reference(dict):  # type: ignore[type-arg]
+    """A writer's own dict subclass, as hdmf-zarr's ZarrReference is."""
+
+
+REFERENCE_GLOBAL = f"{__name__}.Reference"
+
+
+@pytest.mark.parametrize("protocol", range(6))
+def test_extra_pickle_globals_are_allowed_only_where_given(protocol: int) -> None:
+    values = np.array([Reference(source=".", path="/a"), Reference()], dtype=object)
+    data = pickle.dumps(values, protocol=protocol)
+    with pytest.raises(CodecError, match="Reference") as info:
+        check_pickle(data, protocol=protocol)
+    assert info.value.rule == "pickle-global"
+    check_pickle(data, protocol=protocol, allowed=SAFE_PICKLE_GLOBALS | {REFERENCE_GLOBAL})
+    pipe = V2Pipeline({"id": "zlib"}, [{"id": "pickle", "protocol": protocol}], OBJ)
+    chunk = pipe.encode(values)
+    pipe.check_objects(chunk, 2, pickle_globals=frozenset({REFERENCE_GLOBAL}))
+    with pytest.raises(CodecError):
+        pipe.check_objects(chunk, 2)
+    with pytest.raises(CodecError):  # the extra globals widen the list, never replace it
+        pipe.check_objects(
+            pipe.encode(np.array([_Payload(Path("x"))], dtype=object)),
+            1,
+            pickle_globals=frozenset({REFERENCE_GLOBAL}),
+        )

@@ -8,14 +8,20 @@ that many bytes (or refused past a cap), using the bounded decoders of
 Object arrays (``"|O"``) carry an object codec as their first filter. Their chunks are checked
 without building Python objects from untrusted code: a ``pickle`` chunk is *never* unpickled;
 its opcode stream is walked statically (:func:`pickletools.genops`) to check the framing and
-that every global it names is on :data:`SAFE_PICKLE_GLOBALS`.
+that every global it names is on :data:`SAFE_PICKLE_GLOBALS` (plus the extra globals a format
+allows for its own writer's value classes, e.g. hdmf-zarr's ``ZarrReference``).
+
+Only the exceptions a codec raises on bad input (:data:`CODEC_INPUT_ERRORS`) become a refusal
+(EINVAL); anything else (a MemoryError, a bug in n5fs or numcodecs) propagates as what it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import lzma
 import pickletools
-from collections.abc import Callable, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numcodecs
@@ -25,6 +31,7 @@ from numcodecs.compat import ensure_bytes
 from n5fs.codecs import limits
 from n5fs.codecs.jsondoc import load_json
 from n5fs.codecs.limits import CodecError, check_size
+from n5fs.errors import N5fsError
 
 Codec = Any  # numcodecs.abc.Codec; numcodecs ships no type information
 
@@ -32,6 +39,10 @@ Codec = Any  # numcodecs.abc.Codec; numcodecs ships no type information
 OBJECT_CODECS = frozenset(
     {"pickle", "json2", "msgpack2", "vlen-utf8", "vlen-bytes", "vlen-array", "categorize"}
 )
+#: object codecs that build items from a count or a dtype the chunk itself states: safe only
+#: as an object array's first filter, where check_objects checks the count before decoding
+#: (anywhere else a 4-byte chunk could make vlen-bytes allocate GiB of item slots)
+ITEM_CODECS = OBJECT_CODECS - {"categorize"}
 #: the widest any known filter makes data (AsType int8 -> complex128); bounds unknown filters
 MAX_FILTER_EXPANSION = 16
 #: decoded-size cap for object chunks, whose decoded size no metadata states
@@ -51,6 +62,24 @@ SAFE_PICKLE_GLOBALS = frozenset((
         "tuple", "int", "float", "str", "bytes", "bool")),
 ))
 # fmt: on
+#: what numcodecs (0.13-0.16) codecs raise on bytes they cannot decode, found by feeding each
+#: codec garbage, truncated and bit-flipped chunks and wrong-typed buffers: ValueError (and its
+#: kin binascii.Error, UnicodeDecodeError, JSONDecodeError), TypeError (an object buffer fed to
+#: a numeric filter), RuntimeError (blosc, zstd, lz4, checksum mismatches), IndexError
+#: (packbits, fletcher32 on short input), OSError (bz2, gzip.BadGzipFile), EOFError (gzip),
+#: zlib.error, lzma.LZMAError. Not MemoryError: that is the machine, not the content.
+CODEC_INPUT_ERRORS: tuple[type[Exception], ...] = (
+    ValueError,
+    TypeError,
+    RuntimeError,
+    IndexError,
+    OSError,
+    EOFError,
+    zlib.error,
+    lzma.LZMAError,
+)
+#: what numcodecs codec constructors raise on bad parameters (same probing, every codec)
+CODEC_CONFIG_ERRORS: tuple[type[Exception], ...] = (TypeError, ValueError)
 
 
 def build_codec(config: Any, *, what: str) -> Codec:
@@ -67,7 +96,7 @@ def build_codec(config: Any, *, what: str) -> Codec:
             f"{what}: unknown codec id {codec_id!r} (numcodecs has no such codec)",
             rule="unknown-codec",
         ) from exc
-    except Exception as exc:  # a codec constructor may raise anything on bad parameters
+    except CODEC_CONFIG_ERRORS as exc:
         raise CodecError(
             f"{what}: codec {codec_id!r} refuses its configuration: {exc}", rule="codec-config"
         ) from exc
@@ -142,17 +171,27 @@ def _nbytes(buf: Any) -> int:
     return int(buf.nbytes) if isinstance(buf, np.ndarray) else memoryview(buf).nbytes
 
 
+@contextlib.contextmanager
+def _refused_input(codec_id: str) -> Iterator[None]:
+    """A codec's complaint about its input is a refusal (CodecError, EINVAL); our own errors
+    pass as they are, and so does anything a codec does not raise for bad input. numpy's
+    floating-point warnings (a NaN cast to an integer by astype) say nothing about validity."""
+    try:
+        with np.errstate(all="ignore"):
+            yield
+    except N5fsError:
+        raise
+    except CODEC_INPUT_ERRORS as exc:
+        raise CodecError(f"{codec_id} cannot decode the chunk: {exc}", rule="undecodable") from exc
+
+
 def decode_stage(codec: Codec, buf: Any, exact: int | None, limit: int) -> Any:
     """Decode one stage: at most ``limit`` bytes, exactly ``exact`` when that is known."""
     bounded = _BOUNDED.get(codec.codec_id)
-    out = bounded(codec, bytes(buf), limit) if bounded is not None else None
-    if out is None:
-        try:
+    with _refused_input(codec.codec_id):
+        out = bounded(codec, bytes(buf), limit) if bounded is not None else None
+        if out is None:
             out = codec.decode(buf)
-        except Exception as exc:  # third-party decoders raise anything on corrupt input
-            raise CodecError(
-                f"{codec.codec_id} cannot decode the chunk: {exc}", rule="undecodable"
-            ) from exc
     size = _nbytes(out)
     if size > limit:
         raise limits.too_large(limit, codec.codec_id)
@@ -177,16 +216,18 @@ _STRING_OPS = frozenset(
 _NO_STACK_OPS = frozenset({"PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"})
 
 
-def check_pickle(data: bytes, *, protocol: int) -> None:
+def check_pickle(
+    data: bytes, *, protocol: int, allowed: frozenset[str] = SAFE_PICKLE_GLOBALS
+) -> None:
     """Check a pickle's framing and the globals it names, without unpickling it.
 
     :func:`pickletools.genops` only parses opcodes. The walk tracks which strings sit on top
     of the stack (and in the memo) so ``STACK_GLOBAL`` can be named; a global that cannot be
-    named, or is not on the allow-list, is refused: loading it would run arbitrary code.
+    named, or is not in ``allowed``, is refused: loading it would run arbitrary code.
     """
     if protocol >= 2 and (len(data) < 2 or data[0] != 0x80 or not 2 <= data[1] <= 5):
         raise CodecError("pickle chunk lacks the protocol header (0x80, 2..5)", rule="pickle")
-    walk = _PickleWalk()
+    walk = _PickleWalk(allowed)
     try:
         for op, arg, pos in pickletools.genops(data):
             walk.step(op.name, arg, pos)
@@ -205,7 +246,8 @@ class _PickleWalk:
     when the last two pushes were strings: a crafted stream cannot make a global look safe.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, allowed: frozenset[str]) -> None:
+        self.allowed = allowed
         self.recent: list[str | None] = []
         self.memo: dict[int, str | None] = {}
         self.end = -1
@@ -215,13 +257,15 @@ class _PickleWalk:
         if name == "STOP":
             self.end = -1 if pos is None else pos + 1
         elif name in ("GLOBAL", "INST"):
-            _check_global(str(arg).replace(" ", "."))
+            self.check_global(str(arg).replace(" ", "."))
         elif name == "STACK_GLOBAL":
             pair = self.recent[-2:]
             module, qualname = pair if len(pair) == 2 else [None, None]
-            _check_global(None if module is None or qualname is None else f"{module}.{qualname}")
+            self.check_global(
+                None if module is None or qualname is None else f"{module}.{qualname}"
+            )
         elif name.startswith("EXT"):
-            _check_global(None)  # the extension registry can name any global
+            self.check_global(None)  # the extension registry can name any global
         elif name == "MEMOIZE":
             self.memo[len(self.memo)] = top
         elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
@@ -236,20 +280,20 @@ class _PickleWalk:
             self.recent.append(None)
         del self.recent[:-2]
 
-
-def _check_global(name: str | None) -> None:
-    if name is None:
-        raise CodecError(
-            "pickle chunk loads a global it does not name plainly; refused "
-            "(loading it could run arbitrary code)",
-            rule="pickle-global",
-        )
-    if name not in SAFE_PICKLE_GLOBALS:
-        raise CodecError(
-            f"pickle chunk loads {name!r}, which is not a plain value type; "
-            "refused (unpickling it could run arbitrary code)",
-            rule="pickle-global",
-        )
+    def check_global(self, name: str | None) -> None:
+        if name is None:
+            raise CodecError(
+                "pickle chunk loads a global it does not name plainly; refused "
+                "(loading it could run arbitrary code)",
+                rule="pickle-global",
+            )
+        if name not in self.allowed:
+            raise CodecError(
+                f"pickle chunk loads {name!r}, which is not a plain value type "
+                "(nor one this array's format allows); refused (unpickling it could run "
+                "arbitrary code)",
+                rule="pickle-global",
+            )
 
 
 def check_vlen_count(data: Any, count: int, codec_id: str) -> None:
@@ -334,6 +378,26 @@ class V2Pipeline:
                 raise CodecError(
                     f"pickle protocol must be -1..5, got {protocol!r:.20}", rule="codec-config"
                 )
+        self._check_placement()
+
+    def _check_placement(self) -> None:
+        """Object codecs only where zarr-python could have written them: an item codec as the
+        first filter of an object array, categorize converting the array's own dtype. Nothing
+        else can hold data, and decoding it could allocate what the chunk states."""
+        later = self.filters[1:] if self.is_object else self.filters
+        for codec in (*later, self.compressor):
+            if codec is not None and codec.codec_id in ITEM_CODECS:
+                raise CodecError(
+                    f"object codec {codec.codec_id!r} can only be the first filter of an "
+                    "object ('|O') array",
+                    rule="object-codec",
+                )
+        for codec in self.filters:
+            if codec.codec_id == "categorize" and np.dtype(codec.dtype) != self.dtype:
+                raise CodecError(
+                    f"categorize converts {np.dtype(codec.dtype)}, the array holds {self.dtype}",
+                    rule="codec-config",
+                )
 
     @property
     def is_object(self) -> bool:
@@ -376,12 +440,19 @@ class V2Pipeline:
             raise CodecError("object chunks decode to objects, not bytes", rule="object-codec")
         return self._unfilter(data, expected_nbytes, 0)
 
-    def check_objects(self, data: bytes, count: int) -> None:
-        """Check an object chunk of ``count`` elements; never runs code from it."""
+    def check_objects(
+        self, data: bytes, count: int, *, pickle_globals: frozenset[str] = frozenset()
+    ) -> None:
+        """Check an object chunk of ``count`` elements; never runs code from it.
+
+        ``pickle_globals``: globals a pickle may name beyond :data:`SAFE_PICKLE_GLOBALS` (the
+        value classes of the array's format, e.g. hdmf-zarr's references).
+        """
         codec = self.filters[0]
         buf = self._unfilter(data, None, 1)
         if codec.codec_id == "pickle":
-            check_pickle(bytes(buf), protocol=int(codec.protocol))
+            allowed = SAFE_PICKLE_GLOBALS | pickle_globals
+            check_pickle(bytes(buf), protocol=int(codec.protocol), allowed=allowed)
         elif codec.codec_id == "json2":
             decode_json_objects(buf, count)
         else:
@@ -406,12 +477,8 @@ class V2Pipeline:
             check_vlen_count(buf, count, codec.codec_id)
         elif codec.codec_id == "categorize":
             check_size(_nbytes(buf), count * np.dtype(codec.astype).itemsize, "categorize")
-        try:
+        with _refused_input(codec.codec_id):
             out = np.asarray(codec.decode(buf), dtype=object).reshape(-1)
-        except Exception as exc:  # third-party decoders raise anything on corrupt input
-            raise CodecError(
-                f"{codec.codec_id} cannot decode the chunk: {exc}", rule="undecodable"
-            ) from exc
         if out.size != count:
             raise CodecError(
                 f"{codec.codec_id} chunk holds {out.size} items, the chunk has {count} elements",
