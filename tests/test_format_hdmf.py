@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import sys
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,9 +25,10 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from n5fs.errors import Rejected
+from n5fs.errors import NotSupported, Rejected
 from n5fs.formats.base import KeyKind
 from n5fs.formats.hdmf import (
+    HDMF_PICKLE_GLOBALS,
     HdmfArrayNode,
     HdmfAttrsNode,
     HdmfConsolidatedNode,
@@ -37,7 +41,7 @@ from n5fs.formats.hdmf import (
     symlink_target,
     with_link,
 )
-from n5fs.formats.zarr2 import Zarr2Format
+from n5fs.formats.zarr2 import Zarr2ArrayNode, Zarr2Format, Zarr2GroupNode
 
 HDMF = HdmfZarrFormat()
 ZARR2 = Zarr2Format()
@@ -223,6 +227,17 @@ INVALID_ATTRS: list[tuple[dict[str, Any], str]] = [
     ({"zarr_link": [{"name": "a/b", "source": ".", "path": "/x"}]}, "zarr-link"),
     ({"zarr_link": [{"name": "..", "source": ".", "path": "/x"}]}, "zarr-link"),
     ({"zarr_link": [{"name": "a", "source": ".", "path": "/../etc"}]}, "zarr-link"),
+    *(
+        ({"zarr_link": [{"name": "a", "source": source, "path": "/x"}]}, "zarr-link")
+        for source in (
+            "/data/other.nwb.zarr",
+            "\\\\server\\x.zarr",
+            "C:\\x.zarr",
+            "D:/x.zarr",
+            "s3://bucket/x.zarr",
+            "file:///x.zarr",
+        )
+    ),
     (
         {
             "zarr_link": [
@@ -264,6 +279,10 @@ def test_malformed_reserved_attributes_refused(attrs: dict[str, Any], rule: str)
         },
         {"zarr_dtype": "<i8", ".specloc": "/specifications"},
         {"zarr_link": []},
+        # hdmf-zarr's relpath of another file: relative to this file's root
+        {"zarr_link": [{"name": "a", "source": "../other.nwb.zarr", "path": "/x"}]},
+        {"zarr_link": [{"name": "a", "source": "other.nwb.zarr", "path": "/x"}]},
+        {"zarr_link": [{"name": "a", "source": "a:b.zarr", "path": "/x"}]},
     ],
 )
 def test_wellformed_reserved_attributes_accepted(attrs: dict[str, Any]) -> None:
@@ -335,3 +354,177 @@ def test_arbitrary_reserved_attributes_only_rejected(attrs: dict[str, Any]) -> N
         return
     assert isinstance(node, HdmfAttrsNode)
     assert set(node.links) <= {link.name for link in parse_links(attrs)}
+
+
+# --- hdmf-zarr's pickled references -----------------------------------------------------------
+
+
+class ZarrReference(dict):  # type: ignore[type-arg]
+    """Stands for ``hdmf_zarr.utils.ZarrReference`` (a dict subclass) where hdmf-zarr is not
+    installed; pickled under that module's name (tests/test_nwb.py uses the real one)."""
+
+
+@pytest.fixture
+def zarr_reference(monkeypatch: pytest.MonkeyPatch) -> type[ZarrReference]:
+    package, module = types.ModuleType("hdmf_zarr"), types.ModuleType("hdmf_zarr.utils")
+    module.ZarrReference = ZarrReference  # type: ignore[attr-defined]
+    package.utils = module  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "hdmf_zarr", package)
+    monkeypatch.setitem(sys.modules, "hdmf_zarr.utils", module)
+    monkeypatch.setattr(ZarrReference, "__module__", "hdmf_zarr.utils")
+    return ZarrReference
+
+
+def _zarr2_probes(folder: Path) -> dict[str, bytes]:
+    return {n: (folder / n).read_bytes() for n in (".zarray", ".zgroup") if (folder / n).exists()}
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_pickled_zarr_references_accepted_in_hdmf_arrays_only(
+    tmp_path: Path, zarr_reference: type[ZarrReference], protocol: int
+) -> None:
+    folder = tmp_path / "electrodes/group"
+    ref = zarr_reference(**REFERENCE)
+    attrs = {"zarr_dtype": "object", "namespace": "hdmf-common", "neurodata_type": "VectorData"}
+    _write_object_array(folder, numcodecs.Pickle(protocol=protocol), [ref, ref, ref], attrs)
+    data = (folder / "0").read_bytes()
+    assert b"ZarrReference" in numcodecs.Blosc().decode(data)
+    node = HDMF.node_from_probes(_probes(folder), path="electrodes/group")
+    assert isinstance(node, HdmfArrayNode)
+    node.validate_chunk((0,), data, path="electrodes/group/0")
+    with pytest.raises(Rejected) as decoded:  # accepted is not unpickled
+        node.decode_chunk((0,), data)
+    assert decoded.value.rule == "unsafe-codec"
+    plain = ZARR2.node_from_probes(_zarr2_probes(folder), path="electrodes/group")
+    assert isinstance(plain, Zarr2ArrayNode)
+    assert not isinstance(plain, HdmfArrayNode)
+    with pytest.raises(Rejected) as info:
+        plain.validate_chunk((0,), data, path="electrodes/group/0")
+    assert (info.value.rule, info.value.fmt) == ("pickle-global", "zarr2")
+    assert "hdmf_zarr.utils.ZarrReference" in str(info.value)
+
+
+def test_the_hdmf_allow_list_is_exact(zarr_reference: type[ZarrReference]) -> None:
+    """Only the reference class: nothing else of hdmf_zarr, nothing near its name."""
+    assert frozenset({"hdmf_zarr.utils.ZarrReference"}) == HDMF_PICKLE_GLOBALS
+    node = HDMF.parse_metadata(".zarray", json.dumps(_object_zarray({"id": "pickle"}, 1)).encode())
+    assert isinstance(node, HdmfArrayNode)
+    good = pickle.dumps(np.array([zarr_reference(**REFERENCE)], dtype=object), protocol=5)
+    for fake in (b"hdmf_zarr.utilsX", b"hdmf_zarr.backend"):
+        forged = good.replace(b"\x8c\x0fhdmf_zarr.utils", b"\x8c\x10" + fake[:16])
+        assert forged != good
+        with pytest.raises(Rejected) as info:
+            node.validate_chunk((0,), numcodecs.Blosc(cname="lz4").encode(forged))
+        assert info.value.rule == "pickle-global"
+    node.validate_chunk((0,), numcodecs.Blosc(cname="lz4").encode(good))
+
+
+# --- claims -----------------------------------------------------------------------------------
+
+
+def _never() -> bytes:
+    raise AssertionError("the name and context were enough: content must not be read")
+
+
+@pytest.mark.parametrize("name", [".zarray", ".zgroup", ".zattrs", ".zmetadata"])
+def test_hdmf_claims_zarr2_names_inside_its_hierarchy(name: str) -> None:
+    assert HDMF.claims(name, "hdmf-zarr", _never)
+    if name != ".zattrs":
+        assert not HDMF.claims(name, None, _never)
+        assert not HDMF.claims(name, "zarr2", _never)
+
+
+@pytest.mark.parametrize(
+    ("attrs", "claimed"),
+    [
+        (b'{"namespace": "core", "neurodata_type": "NWBFile"}', True),
+        (b'{"zarr_link": []}', True),
+        (b'{".specloc": "specifications"}', True),
+        (b'{"namespace": "core"}', False),
+        (b'{"title": "plain zarr"}', False),
+        (b"\xff not json", False),
+        (b'["zarr_link"]', False),
+    ],
+)
+def test_hdmf_claims_a_zattrs_by_its_marks(attrs: bytes, claimed: bool) -> None:
+    for context in (None, "zarr2", "n5"):
+        assert HDMF.claims(".zattrs", context, lambda: attrs) is claimed
+
+
+@pytest.mark.parametrize("name", ["zarr.json", "attributes.json", "0.0", "notes.txt"])
+def test_hdmf_claims_nothing_else(name: str) -> None:
+    assert not HDMF.claims(name, "hdmf-zarr", _never)
+
+
+# --- links and link_update --------------------------------------------------------------------
+
+
+def _group(attrs: dict[str, Any]) -> HdmfGroupNode:
+    node = HDMF.node_from_probes(
+        {".zgroup": b'{"zarr_format": 2}', ".zattrs": json.dumps(attrs).encode()}
+    )
+    assert isinstance(node, HdmfGroupNode)
+    return node
+
+
+def test_links_of_an_hdmf_group(nwb: Path) -> None:
+    acq = HDMF.node_from_probes(_probes(nwb / "acquisition"))
+    assert HDMF.links(acq) == {"device": "general/devices/array"}  # the external one left out
+    data = HDMF.node_from_probes(_probes(nwb / "acquisition/ts/data"))
+    assert isinstance(data, HdmfArrayNode)
+    assert HDMF.links(data) == {}
+    assert HDMF.links(None) == {}
+    plain = ZARR2.node_from_probes(_probes(nwb / "acquisition"))
+    assert isinstance(plain, Zarr2GroupNode)
+    assert HDMF.links(plain) == {}  # not an hdmf-zarr node
+    assert ZARR2.links(plain) == {}
+
+
+def test_link_update_adds_replaces_and_removes() -> None:
+    attrs = {
+        "namespace": "core",
+        "neurodata_type": "ElectrodeGroup",
+        "zarr_link": [{"name": "device", "path": "/general/devices/probe", "source": "."}],
+    }
+    name, data = HDMF.link_update(_group(attrs), "other", "general/devices/array")
+    assert name == ".zattrs"
+    doc = json.loads(data)
+    assert data == json.dumps(doc, indent=2).encode()  # the layout the gateway always wrote
+    assert doc["zarr_link"][1] == {"name": "other", "source": ".", "path": DEVICE}
+    assert {k: v for k, v in doc.items() if k != "zarr_link"} == {
+        k: v for k, v in attrs.items() if k != "zarr_link"
+    }
+    assert HDMF.links(
+        HDMF.node_from_probes({".zgroup": b'{"zarr_format": 2}', ".zattrs": data})
+    ) == {
+        "device": "general/devices/probe",
+        "other": "general/devices/array",
+    }
+    _, replaced = HDMF.link_update(_group(doc), "device", "x/y")
+    assert HDMF.links(_group(json.loads(replaced))) == {
+        "other": "general/devices/array",
+        "device": "x/y",
+    }
+    _, removed = HDMF.link_update(_group(doc), "device", None)
+    assert HDMF.links(_group(json.loads(removed))) == {"other": "general/devices/array"}
+    _, absent = HDMF.link_update(_group(doc), "nothing", None)
+    assert json.loads(absent) == doc
+    _, root = HDMF.link_update(_group({}), "top", "")
+    assert json.loads(root)["zarr_link"] == [{"name": "top", "source": ".", "path": "/"}]
+
+
+@pytest.mark.parametrize(("name", "target"), [("a/b", "x"), ("..", "x"), ("a", "../outside")])
+def test_link_update_refuses_what_hdmf_zarr_could_not_read(name: str, target: str) -> None:
+    with pytest.raises(Rejected) as info:
+        HDMF.link_update(_group({}), name, target)
+    assert info.value.rule == "zarr-link"
+
+
+def test_link_update_needs_an_hdmf_group(nwb: Path) -> None:
+    array = HDMF.node_from_probes(_probes(nwb / "acquisition/ts/data"))
+    plain = ZARR2.node_from_probes(_probes(nwb / "acquisition"))
+    for node in (array, plain, None):
+        with pytest.raises(NotSupported):
+            HDMF.link_update(node, "a", "x")
+    with pytest.raises(NotSupported):
+        ZARR2.link_update(plain, "a", "x")

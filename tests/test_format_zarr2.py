@@ -256,21 +256,27 @@ def _node(**changes: Any) -> Zarr2ArrayNode:
         (".", [10, 10], [4, 4], "0.0", KeyKind.CHUNK, (0, 0), True),
         (".", [10, 10], [4, 4], "2.1", KeyKind.CHUNK, (2, 1), True),
         (".", [10, 10], [4, 4], "3.0", KeyKind.CHUNK, (3, 0), False),
-        (".", [10, 10], [4, 4], "0/0", KeyKind.OTHER, None, True),
-        (".", [10, 10], [4, 4], "0.0.0", KeyKind.OTHER, None, True),
-        (".", [10, 10], [4, 4], "01.0", KeyKind.OTHER, None, True),
-        (".", [10, 10], [4, 4], "-1.0", KeyKind.OTHER, None, True),
+        (".", [10, 10], [4, 4], "0/0", KeyKind.INVALID, None, True),
+        (".", [10, 10], [4, 4], "0.0.0", KeyKind.INVALID, None, True),
+        (".", [10, 10], [4, 4], "01.0", KeyKind.INVALID, None, True),
+        (".", [10, 10], [4, 4], "-1.0", KeyKind.INVALID, None, True),
         (".", [10, 10], [4, 4], "0.0.partial", KeyKind.OTHER, None, True),
         (".", [10, 10], [4, 4], ".0.0.XyZ123", KeyKind.OTHER, None, True),
         (".", [10, 10], [4, 4], "٣.0", KeyKind.OTHER, None, True),  # non-ASCII digit
+        (".", [10, 10], [4, 4], "+1.0", KeyKind.INVALID, None, True),
+        (".", [10, 10], [4, 4], "1", KeyKind.INVALID, None, True),
+        (".", [10, 10], [4, 4], "c.0.0", KeyKind.INVALID, None, True),  # a v3 key
+        (".", [10, 10], [4, 4], "0/0.__lock", KeyKind.OTHER, None, True),
+        (".", [10, 10], [4, 4], "notes.txt", KeyKind.OTHER, None, True),
         (".", [10, 10], [4, 4], ".zarray", KeyKind.METADATA, None, True),
         (".", [10, 10], [4, 4], ".zattrs", KeyKind.METADATA, None, True),
         ("/", [10, 10], [4, 4], "1/2", KeyKind.CHUNK, (1, 2), True),
-        ("/", [10, 10], [4, 4], "1.2", KeyKind.OTHER, None, True),
-        ("/", [10, 10], [4, 4], "1/2/0", KeyKind.OTHER, None, True),
+        ("/", [10, 10], [4, 4], "1.2", KeyKind.INVALID, None, True),
+        ("/", [10, 10], [4, 4], "1/2/0", KeyKind.INVALID, None, True),
         ("/", [10], [4], "5", KeyKind.CHUNK, (5,), False),
         (".", [], [], "0", KeyKind.CHUNK, (), True),
-        (".", [], [], "0.0", KeyKind.OTHER, None, True),
+        (".", [], [], "1", KeyKind.INVALID, None, True),
+        (".", [], [], "0.0", KeyKind.INVALID, None, True),
         (".", [0, 5], [2, 2], "0.0", KeyKind.CHUNK, (0, 0), False),
     ],
 )
@@ -286,6 +292,30 @@ def test_classify(
     node = _node(shape=shape, chunks=chunks, dimension_separator=separator)
     found = node.classify(key)
     assert (found.kind, found.position, found.in_grid) == (kind, position, in_grid)
+    if kind is KeyKind.INVALID:
+        assert found.rule == "chunk-key"
+        assert repr(key) in found.message
+
+
+@pytest.mark.parametrize(
+    ("separator", "chunks", "key", "grammar"),
+    [
+        (
+            ".",
+            [4, 4],
+            "0/0",
+            "2 unsigned integers without leading zeros joined by '.' (e.g. '0.0')",
+        ),
+        ("/", [4, 4, 4], "1.2.3", "joined by '/' (e.g. '0/0/0')"),
+        (".", [4], "01", "1 unsigned integer without leading zeros (e.g. '0')"),
+        (".", [], "1", "just '0' (the array has no dimensions)"),
+    ],
+)
+def test_bad_chunk_key_names_the_grammar(
+    separator: str, chunks: list[int], key: str, grammar: str
+) -> None:
+    node = _node(shape=[8] * len(chunks), chunks=chunks, dimension_separator=separator)
+    assert grammar in node.classify(key).message
 
 
 def test_chunk_key_is_the_inverse_of_classify() -> None:
@@ -644,3 +674,21 @@ def test_arbitrary_bytes_as_chunks(which: int, data: bytes) -> None:
     node = _node(shape=[4], chunks=[2], **CHUNK_NODES[which])
     _only_rejected(lambda: node.validate_chunk((1,), data))
     _only_rejected(lambda: node.decode_chunk((1,), data))
+
+
+# --- claims -----------------------------------------------------------------------------------
+
+
+def _never() -> bytes:
+    raise AssertionError("a Zarr v2 name is enough: content must not be read")
+
+
+@pytest.mark.parametrize("name", [".zarray", ".zgroup", ".zattrs", ".zmetadata"])
+@pytest.mark.parametrize("context", [None, "zarr2", "hdmf-zarr", "n5", "zarr3"])
+def test_zarr2_claims_its_names_in_any_context(name: str, context: str | None) -> None:
+    assert FMT.claims(name, context, _never)
+
+
+@pytest.mark.parametrize("name", ["zarr.json", "attributes.json", ".zarray.tmp", "0.0", "zarray"])
+def test_zarr2_claims_nothing_else(name: str) -> None:
+    assert not FMT.claims(name, "zarr2", _never)

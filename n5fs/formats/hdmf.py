@@ -5,23 +5,29 @@ v3 and renamed them ``_LINKS``/``_DTYPE``. In a folder's ``.zattrs``:
 
 - ``zarr_link``: a list of links, each ``{"name", "source", "path"}`` (hdmf-zarr may add
   ``object_id``/``source_object_id``). ``source`` is ``"."`` for the same store, else the other
-  store's path; ``path`` is the target's path inside that store (``"/general/devices/x"``).
+  store's path relative to this one (hdmf-zarr writes ``os.path.relpath`` of it, never an
+  absolute path: a store that names ``/home/x/other.zarr`` breaks once copied, so it is
+  refused); ``path`` is the target's path inside that store (``"/general/devices/x"``).
 - ``zarr_dtype``: on datasets; ``"object"`` (references), ``"scalar"``, a numpy type string, or
   for compound data a list of ``{"name", "dtype"}`` objects.
 - ``.specloc``: on the root group; the path of the group that caches the schema.
 
 Typed objects also carry ``namespace`` and ``neurodata_type``; either that pair or one of the
 reserved names marks a folder as hdmf-zarr. Object arrays of references use numcodecs Pickle
-or JSON; their chunks are checked by :mod:`n5fs.codecs.v2_pipeline`, never unpickled.
+(hdmf-zarr's default) or JSON; their chunks are checked by :mod:`n5fs.codecs.v2_pipeline`,
+never unpickled. A pickled reference names hdmf-zarr's ``ZarrReference`` class, which is
+allowed in a pickle inside an hdmf-zarr hierarchy only (:data:`HDMF_PICKLE_GLOBALS`).
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from n5fs.errors import InvalidKey, Rejected
+from n5fs.errors import InvalidKey, NotSupported, Rejected
 from n5fs.formats.zarr2 import (
     Zarr2ArrayNode,
     Zarr2AttrsNode,
@@ -33,10 +39,19 @@ from n5fs.formats.zarr2 import (
 from n5fs.kvstore.keys import check_key
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
+
+    from n5fs.formats.base import Node
 
 RESERVED_ATTRIBUTES = ("zarr_link", "zarr_dtype", ".specloc")
 SAME_STORE = "."
+#: the globals beyond plain value types that hdmf-zarr 0.13's pickled reference chunks name,
+#: read from real chunks written with every pickle protocol (0-5): its reference class, a
+#: dict subclass (protocols 0-1 also name ``copyreg._reconstructor`` and ``builtins.dict``,
+#: which the plain allow-list already holds)
+HDMF_PICKLE_GLOBALS = frozenset({"hdmf_zarr.utils.ZarrReference"})
+#: an absolute path (POSIX, Windows drive or UNC) or a URL: never what hdmf-zarr writes
+_ABSOLUTE_SOURCE = re.compile(r"[/\\]|[A-Za-z]:[/\\]|[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +91,12 @@ def _link(entry: Any, index: int) -> HdmfLink:
             f"'source' and 'path', got {entry!r:.80}",
         )
     link = HdmfLink(entry["name"], entry["source"], entry["path"])
+    if _ABSOLUTE_SOURCE.match(link.source):
+        raise _bad(
+            "zarr-link",
+            f"zarr_link[{index}] source {link.source[:80]!r} is absolute; hdmf-zarr names the "
+            "file a link reaches relative to this file's root ('.' for the same file)",
+        )
     if not link.name or "/" in link.name or link.name in (".", "..") or "\x00" in link.name:
         raise _bad(
             "zarr-link", f"zarr_link[{index}] name {link.name!r} is not a single path segment"
@@ -181,6 +202,7 @@ def is_hdmf_attrs(attrs: Any) -> bool:
 @dataclass(frozen=True)
 class HdmfArrayNode(Zarr2ArrayNode):
     fmt: ClassVar[str] = "hdmf-zarr"
+    pickle_globals: ClassVar[frozenset[str]] = HDMF_PICKLE_GLOBALS
 
 
 @dataclass(frozen=True)
@@ -216,6 +238,41 @@ class HdmfZarrFormat(Zarr2Format):
     group_node: ClassVar[type[Zarr2GroupNode]] = HdmfGroupNode
     attrs_node: ClassVar[type[Zarr2AttrsNode]] = HdmfAttrsNode
     consolidated_node: ClassVar[type[Zarr2ConsolidatedNode]] = HdmfConsolidatedNode
+
+    def claims(self, name: str, context: str | None, load: Callable[[], bytes]) -> bool:
+        """Zarr v2's names inside an hdmf-zarr hierarchy, and a ``.zattrs`` carrying
+        hdmf-zarr's marks anywhere (it makes its folder hdmf-zarr)."""
+        if name not in self.metadata_names:
+            return False
+        if context == self.name:
+            return True
+        if name != ".zattrs":
+            return False
+        try:
+            return is_hdmf_attrs(load_json(load()))
+        except Rejected:
+            return False  # not JSON: Zarr v2's claim refuses it
+
+    def links(self, node: Node | None) -> dict[str, str]:
+        """Same-store links of an hdmf-zarr group: name -> target's store path (``""`` the
+        root, no trailing ``/``). Arrays have none: hdmf-zarr links only from groups."""
+        return link_targets(node.attrs) if isinstance(node, HdmfGroupNode) else {}
+
+    def link_update(self, node: Node | None, name: str, target: str | None) -> tuple[str, bytes]:
+        """The group's ``.zattrs`` with link ``name`` -> ``target`` (a store path, resolved and
+        checked inside the store by the caller) added or replaced, or removed when ``target``
+        is None; laid out as the gateway always wrote it (``json.dumps(doc, indent=2)``)."""
+        if not isinstance(node, HdmfGroupNode):
+            raise NotSupported(
+                "symlinks exist only as hdmf-zarr links, in an hdmf-zarr group's folder"
+            )
+        if target is not None:
+            doc = with_link(node.attrs, name, target)
+        else:
+            doc = dict(node.attrs)
+            entries = doc.get("zarr_link", [])
+            doc["zarr_link"] = [e for e in entries if e["name"] != name]  # checked on parse
+        return ".zattrs", json.dumps(doc, indent=2).encode()
 
     def matches(self, probes: Mapping[str, bytes]) -> bool:
         """Zarr v2, and the folder's ``.zattrs`` carries hdmf-zarr's marks."""

@@ -37,11 +37,13 @@ from n5fs.formats.base import (
     KeyKind,
     Node,
     NodeKind,
+    bad_chunk_key,
+    chunk_like,
 )
 from n5fs.kvstore.keys import check_key
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 NODE_NAMES = (".zarray", ".zgroup", ".zattrs")
 METADATA_NAMES = frozenset((*NODE_NAMES, ".zmetadata"))
@@ -301,6 +303,9 @@ class Zarr2ArrayNode(ArrayNode):
     """A v2 array; ``attrs`` is its ``.zattrs`` when the folder's probes included one."""
 
     fmt: ClassVar[str] = "zarr2"
+    #: globals a pickle chunk may name beyond the plain value types of
+    #: :data:`~n5fs.codecs.v2_pipeline.SAFE_PICKLE_GLOBALS` (a writer's own value classes)
+    pickle_globals: ClassVar[frozenset[str]] = frozenset()
     meta: ArrayMeta
     attrs: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -329,9 +334,21 @@ class Zarr2ArrayNode(ArrayNode):
         if rel_key in METADATA_NAMES:
             return Classified(KeyKind.METADATA)
         position = self._position(rel_key)
-        if position is None:
-            return Classified(KeyKind.OTHER)
-        return Classified(KeyKind.CHUNK, position, self.in_grid(position))
+        if position is not None:
+            return Classified(KeyKind.CHUNK, position, self.in_grid(position))
+        if chunk_like(rel_key):
+            return bad_chunk_key(rel_key, self.key_grammar())
+        return Classified(KeyKind.OTHER)
+
+    def key_grammar(self) -> str:
+        """This array's chunk keys, in words (for a refused key's message)."""
+        if not self.chunks:
+            return "just '0' (the array has no dimensions)"
+        sep, ndim = self.meta.separator, len(self.chunks)
+        return (
+            f"{ndim} unsigned integer{'s' if ndim > 1 else ''} without leading zeros"
+            f"{f' joined by {sep!r}' if ndim > 1 else ''} (e.g. {sep.join(['0'] * ndim)!r})"
+        )
 
     def _position(self, rel_key: str) -> tuple[int, ...] | None:
         """Grid position of a canonical chunk key (no sign, no leading zeros), else None."""
@@ -359,7 +376,9 @@ class Zarr2ArrayNode(ArrayNode):
         self._check_position(position, path)
         try:
             if self.meta.pipeline.is_object:
-                self.meta.pipeline.check_objects(data, math.prod(self.chunks))
+                self.meta.pipeline.check_objects(
+                    data, math.prod(self.chunks), pickle_globals=self.pickle_globals
+                )
             else:
                 self.meta.pipeline.decode(data, self.chunk_nbytes)
         except Rejected as exc:
@@ -469,6 +488,12 @@ class Zarr2Format(Format):
     group_node: ClassVar[type[Zarr2GroupNode]] = Zarr2GroupNode
     attrs_node: ClassVar[type[Zarr2AttrsNode]] = Zarr2AttrsNode
     consolidated_node: ClassVar[type[Zarr2ConsolidatedNode]] = Zarr2ConsolidatedNode
+
+    def claims(self, name: str, context: str | None, load: Callable[[], bytes]) -> bool:
+        """``.zarray``, ``.zgroup``, ``.zattrs`` and ``.zmetadata`` are Zarr v2's in any folder:
+        no other format uses these names (hdmf-zarr, which refines Zarr v2, claims them too
+        inside its hierarchy, and the more specific claim wins)."""
+        return name in METADATA_NAMES
 
     def matches(self, probes: Mapping[str, bytes]) -> bool:
         """A ``.zarray`` or ``.zgroup`` whose JSON says ``zarr_format`` 2 (validity not required)."""
