@@ -555,9 +555,16 @@ def test_probes_and_node_from_probes() -> None:
     zarray = json.dumps({**BASE, "dtype": "<f4"}).encode()
     assert FMT.matches({".zarray": zarray})
     assert FMT.matches({".zgroup": b'{"zarr_format": 2}'})
-    assert not FMT.matches({".zgroup": b'{"zarr_format": 3}'})
     assert not FMT.matches({".zattrs": b"{}"})
-    assert not FMT.matches({".zarray": b"\xff not json"})
+    # Presence decides: broken metadata makes an invalid Zarr v2 node, never a plain folder.
+    for broken in ({".zgroup": b'{"zarr_format": 3}'}, {".zarray": b"\xff not json"}):
+        assert FMT.matches(broken)
+        with pytest.raises(Rejected):
+            FMT.node_from_probes(broken)
+    with pytest.raises(Rejected) as info:
+        FMT.check_folder(frozenset({".zarray", ".zgroup", ".zattrs"}), path="a/")
+    assert (info.value.path, info.value.rule) == ("a/", "array-and-group")
+    FMT.check_folder(frozenset({".zarray", ".zattrs"}), path="a/")
     node = FMT.node_from_probes({".zarray": zarray, ".zattrs": b'{"units": "m"}'})
     assert isinstance(node, Zarr2ArrayNode)
     assert node.attributes == {"units": "m"}

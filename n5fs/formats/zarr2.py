@@ -40,6 +40,7 @@ from n5fs.formats.base import (
     bad_chunk_key,
     chunk_like,
 )
+from n5fs.formats.consolidation import ZarrV2Consolidation
 from n5fs.kvstore.keys import check_key
 
 if TYPE_CHECKING:
@@ -468,15 +469,6 @@ class Zarr2ConsolidatedNode(Node):
 # --- the format -----------------------------------------------------------------------------
 
 
-def _peek_format(data: bytes | None) -> Any:
-    """``zarr_format`` of a probe document, or None; never raises (detection asks everyone)."""
-    try:
-        doc = jsondoc.load_json(data) if data is not None else None
-    except Rejected:
-        return None
-    return doc.get("zarr_format") if isinstance(doc, dict) else None
-
-
 class Zarr2Format(Format):
     """Zarr v2 rules for one folder; subclasses (hdmf-zarr) swap the node classes."""
 
@@ -484,6 +476,7 @@ class Zarr2Format(Format):
     probe_names: ClassVar[frozenset[str]] = frozenset(NODE_NAMES)
     metadata_names: ClassVar[frozenset[str]] = METADATA_NAMES
     tensorstore_driver: ClassVar[str] = "zarr"
+    consolidation = ZarrV2Consolidation()
     array_node: ClassVar[type[Zarr2ArrayNode]] = Zarr2ArrayNode
     group_node: ClassVar[type[Zarr2GroupNode]] = Zarr2GroupNode
     attrs_node: ClassVar[type[Zarr2AttrsNode]] = Zarr2AttrsNode
@@ -496,11 +489,19 @@ class Zarr2Format(Format):
         return name in METADATA_NAMES
 
     def matches(self, probes: Mapping[str, bytes]) -> bool:
-        """A ``.zarray`` or ``.zgroup`` whose JSON says ``zarr_format`` 2 (validity not required)."""
-        return any(
-            _is_int(f) and f == 2
-            for f in (_peek_format(probes.get(n)) for n in (".zarray", ".zgroup"))
-        )
+        """A ``.zarray`` or ``.zgroup`` is there. Presence decides, not validity: a folder whose
+        ``.zarray`` does not parse (or says ``zarr_format: 3``) is an invalid Zarr v2 node,
+        reported as such, never a plain folder whose chunks nobody checks."""
+        return ".zarray" in probes or ".zgroup" in probes
+
+    def check_folder(self, names: frozenset[str], *, path: str = "") -> None:
+        """A folder is an array or a group, never both."""
+        if {".zarray", ".zgroup"} <= names:
+            raise self.rejected(
+                path,
+                "array-and-group",
+                "a folder cannot hold both .zarray and .zgroup: it is an array or a group",
+            )
 
     def parse_metadata(self, name: str, data: bytes, *, path: str = "") -> Node:
         try:
