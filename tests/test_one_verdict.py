@@ -52,6 +52,11 @@ def n5_fixture(tmp: Path) -> tuple[dict[str, bytes], set[str]]:
         "vol/3/0": _n5_block([4, 4]),  # outside the 3x2 grid
         "vol/0/1": b"\x00\x00\x00\x02garbage",  # a broken block
         "vol/0/attributes.json": b"{}",  # metadata inside a chunk folder
+        # blosc without the members n5-blosc readers (TensorStore, z5) need
+        "bad/attributes.json": json.dumps(
+            {"dimensions": [4], "blockSize": [2], "dataType": "uint8",
+             "compression": {"type": "blosc"}}
+        ).encode(),  # fmt: skip
     }
     harmless = {"vol/README.md": b"notes", "vol/0/0.partial": b"x", "vol/.0.XyZ123": b"x"}
     return {**files, **spoiled, **harmless}, set(spoiled)
@@ -94,6 +99,9 @@ def zarr3_fixture(tmp: Path) -> tuple[dict[str, bytes], set[str]]:
         "h/raw/c/1/1": b"\x00" * 3,  # does not decode
         "h/sharded/c/0/0": b"\x01" * 40,  # a shard whose index is garbage
         "h/raw/zarr.json.bak/zarr.json": b"{}",  # metadata inside an array folder
+        "h/__meta/zarr.json": json.dumps(  # a node name the v3 spec reserves
+            {"zarr_format": 3, "node_type": "group", "attributes": {}}
+        ).encode(),
     }
     harmless = {"h/raw/c/0/0.__lock": b"", "h/README.md": b"notes"}
     return {**files, **spoiled, **harmless}, set(spoiled)
