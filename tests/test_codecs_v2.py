@@ -19,13 +19,8 @@ from numcodecs.compat import ensure_contiguous_ndarray
 
 from n5fs.codecs import limits
 from n5fs.codecs.limits import CodecError
-from n5fs.codecs.v2_pipeline import (
-    SAFE_PICKLE_GLOBALS,
-    V2Pipeline,
-    build_codec,
-    check_pickle,
-    encoded_nbytes,
-)
+from n5fs.codecs.pickle_check import SAFE_PICKLE_GLOBALS, check_pickle
+from n5fs.codecs.v2_pipeline import V2Pipeline, build_codec, encoded_nbytes
 
 U2 = np.dtype("<u2")
 OBJ = np.dtype(object)

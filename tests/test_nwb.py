@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from n5fs.codecs.limits import CodecError
-from n5fs.codecs.v2_pipeline import SAFE_PICKLE_GLOBALS, check_pickle
+from n5fs.codecs.pickle_check import SAFE_PICKLE_GLOBALS, check_pickle
 from n5fs.errors import Rejected
 from n5fs.formats.hdmf import HDMF_PICKLE_GLOBALS
 from n5fs.gateway import Gateway
