@@ -305,7 +305,7 @@ class Zarr2ArrayNode(ArrayNode):
 
     fmt: ClassVar[str] = "zarr2"
     #: globals a pickle chunk may name beyond the plain value types of
-    #: :data:`~n5fs.codecs.v2_pipeline.SAFE_PICKLE_GLOBALS` (a writer's own value classes)
+    #: :data:`~n5fs.codecs.pickle_check.SAFE_PICKLE_GLOBALS` (a writer's own value classes)
     pickle_globals: ClassVar[frozenset[str]] = frozenset()
     meta: ArrayMeta
     attrs: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
