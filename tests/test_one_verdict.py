@@ -54,9 +54,13 @@ def n5_fixture(tmp: Path) -> tuple[dict[str, bytes], set[str]]:
         "vol/0/attributes.json": b"{}",  # metadata inside a chunk folder
         # blosc without the members n5-blosc readers (TensorStore, z5) need
         "bad/attributes.json": json.dumps(
-            {"dimensions": [4], "blockSize": [2], "dataType": "uint8",
-             "compression": {"type": "blosc"}}
-        ).encode(),  # fmt: skip
+            {
+                "dimensions": [4],
+                "blockSize": [2],
+                "dataType": "uint8",
+                "compression": {"type": "blosc"},
+            }
+        ).encode(),
     }
     harmless = {"vol/README.md": b"notes", "vol/0/0.partial": b"x", "vol/.0.XyZ123": b"x"}
     return {**files, **spoiled, **harmless}, set(spoiled)
