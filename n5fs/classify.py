@@ -105,7 +105,25 @@ class Classifier:
         claimants = [fmt for fmt in FORMATS if fmt.claims(name, context, load)]
         refined = {fmt.refines for fmt in claimants if fmt.refines}
         claimants = [fmt for fmt in claimants if fmt.name not in refined]
-        return claimants[0] if claimants else None
+        if not claimants:
+            return None
+        return self._refinement(claimants[0], key, load) or claimants[0]
+
+    def _refinement(self, fmt: Format, key: str, load: Callable[[], bytes]) -> Format | None:
+        """A format refining ``fmt`` that the key's folder, with this content, matches.
+
+        ``cp -r`` copies a folder's files in any order: a ``.zarray`` may arrive after the
+        ``.zattrs`` whose hdmf-zarr marks make the array hdmf-zarr, in a folder that is not a
+        node yet (so it gave no context). Judge it as the folder will be once it lands, as
+        detection then will. A folder that already is a node gave its format as context."""
+        refining = [other for other in FORMATS if other.refines == fmt.name]
+        prefix = dir_prefix(parent(key))
+        folder, _ = self._folder(prefix)
+        if not refining or (folder is not None and folder.fmt):
+            return None
+        probes = self.detector.probe(prefix)
+        probes[basename(key)] = load()
+        return next((other for other in refining if other.matches(probes)), None)
 
     def context(self, prefix: str) -> str | None:
         """The format of the folder, or of the nearest ancestor that has one."""

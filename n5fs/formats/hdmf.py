@@ -15,8 +15,9 @@ v3 and renamed them ``_LINKS``/``_DTYPE``. In a folder's ``.zattrs``:
 Typed objects also carry ``namespace`` and ``neurodata_type``; either that pair or one of the
 reserved names marks a folder as hdmf-zarr. Object arrays of references use numcodecs Pickle
 (hdmf-zarr's default) or JSON; their chunks are checked by :mod:`n5fs.codecs.v2_pipeline`,
-never unpickled. A pickled reference names hdmf-zarr's ``ZarrReference`` class, which is
-allowed in a pickle inside an hdmf-zarr hierarchy only (:data:`HDMF_PICKLE_GLOBALS`).
+never unpickled. A pickled reference names hdmf-zarr's ``ZarrReference`` class, which every
+Zarr v2 object array allows (:data:`~n5fs.formats.zarr2.REFERENCE_PICKLE_GLOBALS`: ``cp -r``
+may copy a reference chunk before any hdmf-zarr mark of its hierarchy).
 """
 
 from __future__ import annotations
@@ -45,11 +46,6 @@ if TYPE_CHECKING:
 
 RESERVED_ATTRIBUTES = ("zarr_link", "zarr_dtype", ".specloc")
 SAME_STORE = "."
-#: the globals beyond plain value types that hdmf-zarr 0.13's pickled reference chunks name,
-#: read from real chunks written with every pickle protocol (0-5): its reference class, a
-#: dict subclass (protocols 0-1 also name ``copyreg._reconstructor`` and ``builtins.dict``,
-#: which the plain allow-list already holds)
-HDMF_PICKLE_GLOBALS = frozenset({"hdmf_zarr.utils.ZarrReference"})
 #: an absolute path (POSIX, Windows drive or UNC) or a URL: never what hdmf-zarr writes
 _ABSOLUTE_SOURCE = re.compile(r"[/\\]|[A-Za-z]:[/\\]|[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -202,7 +198,6 @@ def is_hdmf_attrs(attrs: Any) -> bool:
 @dataclass(frozen=True)
 class HdmfArrayNode(Zarr2ArrayNode):
     fmt: ClassVar[str] = "hdmf-zarr"
-    pickle_globals: ClassVar[frozenset[str]] = HDMF_PICKLE_GLOBALS
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,14 @@ def parse_zarray(doc: Any) -> ArrayMeta:
     return ArrayMeta(shape, chunks, dtype, doc["order"], separator, fill, pipeline)
 
 
+#: hdmf-zarr's reference class, a plain ``dict`` subclass: NWB object references are pickled
+#: as it. Allowed in every v2 object array, not only inside a known hdmf-zarr hierarchy: ``cp
+#: -r`` copies a folder's files in inode order, so a reference chunk can land before any
+#: hdmf-zarr mark of its hierarchy (real NWB copies failed that way). Never unpickled here;
+#: its reconstruction runs no code beyond importing ``hdmf_zarr.utils`` in a reader.
+REFERENCE_PICKLE_GLOBALS = frozenset({"hdmf_zarr.utils.ZarrReference"})
+
+
 # --- nodes ----------------------------------------------------------------------------------
 
 
@@ -146,7 +154,7 @@ class Zarr2ArrayNode(ArrayNode):
     fmt: ClassVar[str] = "zarr2"
     #: globals a pickle chunk may name beyond the plain value types of
     #: :data:`~n5fs.codecs.pickle_check.SAFE_PICKLE_GLOBALS` (a writer's own value classes)
-    pickle_globals: ClassVar[frozenset[str]] = frozenset()
+    pickle_globals: ClassVar[frozenset[str]] = REFERENCE_PICKLE_GLOBALS
     meta: ArrayMeta
     attrs: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
