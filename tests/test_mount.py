@@ -203,6 +203,7 @@ def test_flock_and_fcntl_locks_exclude_each_other(mounter, backing):
     finally:
         os.killpg(holder.pid, signal.SIGKILL)  # flock and the shell holding its descriptor
         holder.wait()
+        holder.stdout.close()
     # the killed `sleep` (flock's child, holding the descriptor) may close it a moment after
     # flock itself was reaped: poll, bounded
     for _ in range(100):
@@ -225,6 +226,7 @@ def test_flock_and_fcntl_locks_exclude_each_other(mounter, backing):
     finally:
         holder.kill()
         holder.wait()
+        holder.stdout.close()
 
 
 def test_store_fault_is_eio_and_the_daemon_lives(mounter, backing):

@@ -48,9 +48,12 @@ def moto_server(startup_timeout: float = 60.0) -> Iterator[str]:
             break
     if port is None:
         proc.kill()
+        proc.wait()
+        proc.stdout.close()
         raise RuntimeError(f"moto_server did not start: {seen.decode(errors='replace')}")
     # Keep draining its log so the server never blocks on a full pipe.
-    threading.Thread(target=proc.stdout.read, daemon=True, name="moto-log").start()
+    drain = threading.Thread(target=proc.stdout.read, daemon=True, name="moto-log")
+    drain.start()
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -59,3 +62,7 @@ def moto_server(startup_timeout: float = 60.0) -> Iterator[str]:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        drain.join(timeout=10)  # the pipe ends with the server
+        if not drain.is_alive():  # closing under a blocked read would wait for it
+            proc.stdout.close()
