@@ -211,6 +211,14 @@ class KvStore(abc.ABC):
         self.put_file(key, path)
         os.unlink(path)
 
+    def local_path(self, key: str) -> str | None:
+        """A path on this machine holding ``key``'s bytes, for readers that can ``pread`` it
+        through the page cache instead of copying it through :meth:`get`; None where the
+        store has no such file (the default: S3, zip, memory). The file may be replaced or
+        removed at any time: a reader opens it and keeps the descriptor (old bytes stay
+        readable, as on a local filesystem), and treats a failed open as "ask :meth:`get`"."""
+        return None
+
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         """Several gets; network drivers run them in parallel."""
         return {key: self.get(key) for key in keys}

@@ -195,6 +195,26 @@ class FileStore(KvStore):
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
 
+    def local_path(self, key: str) -> str | None:
+        """The file of ``key``, None when absent or when a link leads it out of the root (as
+        :meth:`get` decides). Every open of a mount asks, so it costs one ``lstat`` per
+        component of the key below the resolved root (where only the key's own components
+        can be links) instead of a ``realpath`` of the whole path; a link anywhere falls back
+        to the full check."""
+        real_root = self._real_root
+        if real_root is None:
+            return self._existing(key)  # resolves the root once it exists
+        path = real_root
+        for part in self._key(key).split("/"):
+            path = f"{path}{os.sep}{part}"
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:
+                return None
+            if stat_mod.S_ISLNK(mode):
+                return self._existing(key)
+        return path
+
     def stat(self, key: str) -> KeyInfo | None:
         path = self._existing(key)
         if path is None:

@@ -99,6 +99,9 @@ class ForwardingStore(KvStore):
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         return self.inner.get_many(keys)
 
+    def local_path(self, key: str) -> str | None:
+        return self.inner.local_path(key)
+
     def set_mtime(self, key: str, mtime: float) -> None:
         self.inner.set_mtime(key, mtime)
 
@@ -240,6 +243,10 @@ class FaultyStore(ForwardingStore):
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         self._maybe_fail("get", key)
         return super().get(key, byte_range)
+
+    def local_path(self, key: str) -> str | None:
+        """None: a reader of the local file would go around the faults ``get`` injects."""
+        return None
 
     def set(self, key: str, value: bytes) -> None:
         self._maybe_fail("set", key)
