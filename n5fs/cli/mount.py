@@ -79,6 +79,7 @@ def serve_plan(
         staging_bytes=plan.staging_bytes,
         max_file_size=plan.max_file_size,
         show_control=plan.options.show_control,
+        durable=plan.options.durable,
     )
     gateway = Gateway(source.store, config)
     fuse = fuse_options(
@@ -338,7 +339,9 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="comma-separated, e.g. -o ro,cache_size=1G: ro, allow_other (brings "
         "default_permissions; no_default_permissions drops it), nonempty (mount over a "
         "directory with files, hiding them), show_control (list MOUNTPOINT/.n5fs, which "
-        "is reachable by its path either way), validate=MODE, cache_size=SIZE, "
+        "is reachable by its path either way), validate=MODE, durable=fsync|commit (when "
+        "a commit to a local store is on disk: at fsync/unmount, or before close returns), "
+        "cache_size=SIZE, "
         "cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE, s3_connect_timeout=SECONDS, "
         "s3_read_timeout=SECONDS, s3_retries=N; others go to libfuse",
     )

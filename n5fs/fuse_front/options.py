@@ -18,6 +18,11 @@ Two more choices guard other users and the data under the mount point:
 - ``nonempty`` (n5fs's own; libfuse 3 refuses it) lets a mount hide the files of a non-empty
   mount point; without it ``n5fs mount`` refuses such a mount point.
 
+``durable=fsync|commit`` (n5fs's own) says when a commit to a local file store is on disk:
+``fsync`` (the default) at the next ``fsync()`` or unmount, as on a local filesystem;
+``commit`` before every ``close()`` returns, at two fsyncs per file (docs/semantics.md,
+"Durability"). Atomicity is the same either way.
+
 ``show_control`` (n5fs's own) lists ``/.n5fs/`` in the root folder. Without it the control
 folder is reachable by its path only (ZFS's ``snapdir=hidden``), so ``cp -r``, ``tar`` and
 ``rsync`` of a mount do not carry rejections and stats along; a file manager user who wants
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
 FuseValue = str | bool
 
 VALIDATE_MODES = ("strict", "warn", "off")
+DURABLE_MODES = ("fsync", "commit")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 #: libfuse options that would fight the cache settings n5fs chooses for read-only mounts
@@ -74,6 +80,12 @@ def parse_seconds(text: str) -> float:
     return value
 
 
+def parse_durable(text: str) -> str:
+    if text not in DURABLE_MODES:
+        raise InvalidSource(f"durable must be one of {', '.join(DURABLE_MODES)}, not {text!r}")
+    return text
+
+
 def parse_validate(text: str) -> str:
     if text not in VALIDATE_MODES:
         raise InvalidSource(f"validate must be one of {', '.join(VALIDATE_MODES)}, not {text!r}")
@@ -94,6 +106,8 @@ class MountOptions:
     no_default_permissions: bool = False
     #: ``-o show_control``: ``readdir`` of the root lists ``.n5fs`` (it is always reachable)
     show_control: bool = False
+    #: ``-o durable=``: when a commit to a local file store is on disk (fsync or commit)
+    durable: str = DURABLE_MODES[0]
     fuse: dict[str, FuseValue] = field(default_factory=dict)
 
 
@@ -127,6 +141,8 @@ def _apply(opts: MountOptions, name: str, value: str | None) -> None:
         opts.read_only = name == "ro"
     elif name == "validate" and value is not None:
         opts.validate = parse_validate(value)
+    elif name == "durable" and value is not None:
+        opts.durable = parse_durable(value)
     elif name == "cache_size" and value is not None:
         opts.cache_bytes = parse_size(value)
     elif name == "cache_ttl" and value is not None:

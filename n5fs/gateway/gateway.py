@@ -56,6 +56,7 @@ from n5fs.gateway.reader import ObjectReader
 from n5fs.gateway.renames import Renamer
 from n5fs.gateway.staging import StagingBudget
 from n5fs.gateway.view import NamespaceView
+from n5fs.kvstore.file import Durability, FileStore
 from n5fs.kvstore.keys import folders_above, parent
 
 if TYPE_CHECKING:
@@ -91,6 +92,10 @@ class GatewayConfig:
     max_rejections: int = 10_000
     #: list ``/.n5fs`` in the root folder (``-o show_control``); it is reachable either way
     show_control: bool = False
+    #: when a commit to a local file store is on disk (``-o durable=``): ``fsync`` at the
+    #: next ``fsync()`` or unmount, as on a local filesystem; ``commit`` before ``close()``
+    #: returns (two fsyncs per file, the larger part of the write path's cost)
+    durable: str = "fsync"
 
 
 class Gateway:
@@ -105,6 +110,8 @@ class Gateway:
         self.config = cfg = config or GatewayConfig()
         self.mode = Mode(cfg.validate)
         self.read_only = cfg.read_only or not store.writable
+        if isinstance(store, FileStore):
+            store.durability = Durability(cfg.durable)
         self.detector = Detector(store, ttl=cfg.ttl, clock=clock)
         self.budget = StagingBudget(cfg.staging_bytes)
         self.files = OpenFiles(
