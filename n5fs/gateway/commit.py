@@ -25,6 +25,7 @@ from n5fs.formats.base import ArrayNode, Format, GroupNode, KeyKind, Node
 from n5fs.kvstore.keys import basename, dir_prefix, parent
 
 if TYPE_CHECKING:
+    from n5fs.gateway.prevalidate import Precheck
     from n5fs.kvstore.base import KvStore
 
 Loader = Callable[[], bytes]
@@ -69,11 +70,15 @@ class CommitRules:
 
     # -- entry point -------------------------------------------------------------------------
 
-    def check(self, key: str, load: Loader) -> Verdict:
+    def check(
+        self, key: str, load: Loader, *, pre: Precheck | None = None, size: int | None = None
+    ) -> Verdict:
         """Raise Rejected unless ``load()`` may be stored at ``key``; say what the key is.
 
         ``load`` is called only when the bytes matter (metadata, chunks): other keys, which
-        may be large files, are never read.
+        may be large files, are never read. A chunk of ``size`` bytes that a check passed
+        while it was written (``pre``, :mod:`n5fs.gateway.prevalidate`) is not decoded again
+        when that check was made for what the key is now.
         """
         verdict = self.classifier.classify(key, load)
         if verdict.kind is KeyKind.METADATA:
@@ -83,7 +88,8 @@ class CommitRules:
             assert node is not None
             self._check_context(verdict.fmt, key, data, node)
         elif verdict.kind is KeyKind.CHUNK:
-            self.classifier.check(verdict, load())
+            if pre is None or size is None or not pre.holds_for(verdict, size):
+                self.classifier.check(verdict, load())
         elif verdict.kind is KeyKind.INVALID:
             raise verdict.refusal()
         return verdict

@@ -8,7 +8,10 @@ State and locks (the committer owns them):
   commits of one array run in parallel and a metadata commit excludes them;
 - consolidated-metadata upkeep (:class:`~n5fs.gateway.consolidated.ConsolidatedKeeper`) runs
   inside that hold and under the keeper's own lock: one read-modify-write at a time;
-- rejections (a bounded deque) and subscribers under ``_lock``; counters under their own lock.
+- rejections (a bounded deque) and subscribers under ``_lock``; counters under their own lock;
+- chunk checks that run while a chunk is written (:mod:`~n5fs.gateway.prevalidate`): a
+  commit finishes its node's check *before* taking the commit order (the check needs no
+  metadata), and uses it inside the order only if it was made for what the key is then.
 All of these are leaf locks except the order: nothing waits for a node lock while holding them.
 Callers hold the node lock of what they commit (see :mod:`n5fs.gateway.handles`).
 
@@ -32,6 +35,7 @@ from n5fs.gateway.cache import Counters
 from n5fs.gateway.commit import CommitRules, Mode, Rejection
 from n5fs.gateway.consolidated import ConsolidatedKeeper
 from n5fs.gateway.ordering import ArrayOrder
+from n5fs.gateway.prevalidate import Precheck, Prechecks
 from n5fs.kvstore.keys import basename
 
 if TYPE_CHECKING:
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
     from n5fs.detect import Detector
     from n5fs.gateway.handles import Node
     from n5fs.gateway.reader import ObjectReader
+    from n5fs.gateway.staging import StagingBudget
     from n5fs.gateway.view import NamespaceView
     from n5fs.kvstore.base import KvStore
 
@@ -64,6 +69,7 @@ class Committer:
         *,
         mode: Mode,
         max_rejections: int,
+        budget: StagingBudget,
     ) -> None:
         self.store = store
         self.detector = detector
@@ -73,10 +79,21 @@ class Committer:
         self.rules = CommitRules(store, detector)
         self.order = ArrayOrder()
         self.keeper = ConsolidatedKeeper(store, view.exists, self._written_by_keeper)
-        self.counters = Counters("commits", "rejections", "bytes_in")
+        self.counters = Counters("commits", "rejections", "bytes_in", "prechecked")
+        #: chunk checks while writes arrive; none when nothing is validated
+        self.prechecks = (
+            None
+            if mode is Mode.OFF
+            else Prechecks(self.rules.classifier, budget, max_bytes=MAX_VALIDATED_BYTES)
+        )
         self._rejections: deque[Rejection] = deque(maxlen=max_rejections)
         self._subscribers: list[Callable[[Sequence[str]], None]] = []
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stop the chunk-check workers (after the last commit)."""
+        if self.prechecks is not None:
+            self.prechecks.close()
 
     # -- order ---------------------------------------------------------------------------------
 
@@ -118,18 +135,29 @@ class Committer:
 
     # -- validation ------------------------------------------------------------------------------
 
-    def validate(self, key: str, load: Callable[[], bytes], size: int | None = None) -> None:
+    def validate(
+        self,
+        key: str,
+        load: Callable[[], bytes],
+        size: int | None = None,
+        pre: Precheck | None = None,
+    ) -> None:
         """Run the commit rules per mode; strict raises Rejected (EINVAL at the caller).
         The caller holds the commit order for ``key``."""
         if self.mode is Mode.OFF:
             return
+        if size is None or size > MAX_VALIDATED_BYTES:
+            pre = None  # refused as too large, exactly as without the check
         try:
-            self.rules.check(key, _bounded(key, load, size))
+            verdict = self.rules.check(key, _bounded(key, load, size), pre=pre, size=size)
         except Rejected as exc:
             self._reject(key, exc, stored=self.mode is Mode.WARN)
             if self.mode is Mode.STRICT:
                 self.changed([key])  # the kernel may hold an entry for the refused name
                 raise
+            return
+        if pre is not None and size is not None and pre.holds_for(verdict, size):
+            self.counters.add("prechecked")
 
     # -- commits ---------------------------------------------------------------------------------
 
@@ -141,9 +169,10 @@ class Committer:
         assert staged is not None
         key = node.key
         load = cache(staged.getvalue)  # one copy, shared by validation and the store
+        pre = self.prechecks.finish(staged) if self.prechecks is not None else None
         with self.hold(key):
             try:
-                self.validate(key, load, staged.size)
+                self.validate(key, load, staged.size, pre)
             except Rejected:
                 node.dirty = False
                 node.mtime = None  # it belonged to the refused content

@@ -140,6 +140,7 @@ class Gateway:
             self.reader,
             mode=self.mode,
             max_rejections=cfg.max_rejections,
+            budget=self.budget,
         )
         self.rules = self.committer.rules
         self.renamer = Renamer(
@@ -298,7 +299,11 @@ class Gateway:
             raise AccessDenied("control entries are read-only")
         self._check_mutable(node.key)
         with node.lock:
-            written = self.files.staged(node, self._stored_size(node)).write(data, offset)
+            staged = self.files.staged(node, self._stored_size(node))
+            prechecks = self.committer.prechecks
+            if not offset and not staged.size and prechecks is not None:
+                prechecks.start(node.key, staged)  # a chunk written from 0: check as it comes
+            written = staged.write(data, offset)
             node.dirty = node.written = True
         return written
 
@@ -476,6 +481,7 @@ class Gateway:
                 if node.dirty and not node.unlinked:
                     with contextlib.suppress(Rejected):  # recorded; nothing more at shutdown
                         self.committer.commit_node(node)
+        self.committer.close()
         self.store.close()
 
     def __enter__(self) -> Self:

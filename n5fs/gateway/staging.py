@@ -14,6 +14,10 @@ Writes never load what they will not use (DESIGN.md "Consistency and concurrency
   Bytes past the bytearray's end read as zeros, so ``truncate`` up costs nothing in memory.
 - Sparse stays sparse: the temp file grows with ``ftruncate`` and copies into it (a spill, or
   base ranges at commit) skip all-zero blocks, leaving holes; ``FileStore.put_file`` keeps them.
+- A new, empty file may be *watched* (:meth:`StagedFile.watch`): its :class:`Watcher` sees
+  every write and truncate in the order they land, so a chunk written sequentially can be
+  checked while it arrives (:mod:`n5fs.gateway.prevalidate`) and a commit only finishes the
+  check. The watcher is told of each change after it is staged, under the same node lock.
 
 Ownership and locks: a StagedFile is owned by one open-file node of the gateway and used only
 under that node's lock; it takes no lock of its own. The StagingBudget is shared by every
@@ -68,6 +72,19 @@ class StagingBudget:
             if nbytes > self._used:
                 raise ValueError(f"releasing {nbytes} staging bytes, only {self._used} reserved")
             self._used -= nbytes
+
+
+class Watcher(Protocol):
+    """Sees a watched file's changes, in the order they are staged (under the node lock)."""
+
+    def wrote(self, data: bytes, offset: int) -> None:
+        """``data`` was written at ``offset``; the watcher keeps a reference, never a copy."""
+
+    def truncated(self, length: int) -> None:
+        """The file was cut or grown to ``length``."""
+
+    def abandon(self) -> None:
+        """The staged content is gone (closed): stop, give back what is held."""
 
 
 class BaseObject(Protocol):
@@ -232,6 +249,7 @@ class StagedFile:
         self._base_len = base.size if base is not None else 0
         self._covered = _Ranges()  # the parts of [0, _base_len) the overlay holds
         self._size = self._base_len
+        self._watcher: Watcher | None = None
 
     @property
     def size(self) -> int:
@@ -240,6 +258,23 @@ class StagedFile:
     @property
     def spilled(self) -> bool:
         return isinstance(self._overlay, _Spill)
+
+    @property
+    def watcher(self) -> Watcher | None:
+        return self._watcher
+
+    def watch(self, watcher: Watcher) -> bool:
+        """Let ``watcher`` see every change from now on; only a new, empty file without a
+        stored base can be watched (False, nothing attached, otherwise)."""
+        if self._watcher is not None or self._base is not None or self._size:
+            return False
+        self._watcher = watcher
+        return True
+
+    def unwatch(self) -> Watcher | None:
+        """Detach the watcher (a commit takes it over) and return it."""
+        watcher, self._watcher = self._watcher, None
+        return watcher
 
     def write(self, data: bytes, offset: int) -> int:
         if not data:
@@ -251,6 +286,8 @@ class StagedFile:
         if offset < self._base_len:
             self._covered.add(offset, min(end, self._base_len))
         self._size = max(self._size, end)
+        if self._watcher is not None:
+            self._watcher.wrote(data, offset)
         return len(data)
 
     def read(self, size: int, offset: int) -> bytes:
@@ -279,6 +316,8 @@ class StagedFile:
                 self._base = None  # nothing of it is visible any more: never fetch again
         self._overlay.truncate(length)
         self._size = length
+        if self._watcher is not None:
+            self._watcher.truncated(length)
 
     def getvalue(self) -> bytes:
         """The whole content (base ranges fetched into the overlay first)."""
@@ -293,6 +332,9 @@ class StagedFile:
 
     def close(self) -> None:
         """Give back the memory and the temp file; idempotent. Leaves an empty file."""
+        watcher = self.unwatch()
+        if watcher is not None:
+            watcher.abandon()
         overlay, self._overlay = self._overlay, _Memory(self._budget)
         overlay.close()
         self._base, self._base_len, self._size = None, 0, 0
