@@ -39,6 +39,7 @@ from n5fs.fuse_front.options import (
     split_options,
 )
 from n5fs.gateway import Attr, EntryKind, Gateway, GatewayConfig
+from n5fs.gateway.reader import PageCache
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import FaultyStore
 
@@ -221,17 +222,25 @@ def test_utimens_keeps_the_modification_time(store):
     assert errno_from(lambda: ops.utimens("/nope", None)) == errno.ENOENT
 
 
-def test_xattrs_are_absent_not_unsupported(store):
+@pytest.mark.parametrize("op", ["getxattr", "setxattr", "removexattr"])
+def test_xattr_calls_are_left_to_libfuse(op):
+    """Not registered with libfuse (mfusepy skips its own placeholders): libfuse answers
+    ENOSYS and the kernel stops asking (tests/test_mount_reads.py checks the mount)."""
+    assert getattr(getattr(N5fsOperations, op), "libfuse_ignore", False)
+
+
+def test_xattr_lists_are_empty(store):
     ops = ops_over(store)
-    assert errno_from(lambda: ops.getxattr("/notes.txt", "user.x")) == errno.ENODATA
+    assert not getattr(N5fsOperations.listxattr, "libfuse_ignore", False)
     assert ops.listxattr("/notes.txt") == []
-    assert errno_from(lambda: ops.setxattr("/notes.txt", "user.x", b"1", 0)) == errno.ENOTSUP
 
 
 def test_control_files_bypass_the_page_cache(store):
     ops = ops_over(store)
     assert ops.direct_io("/.n5fs/stats.json")
     assert not ops.direct_io("/notes.txt")
+    fh = ops.open("/.n5fs/stats.json", os.O_RDONLY)
+    assert ops.page_cache("/.n5fs/stats.json", fh) is PageCache.BYPASS
 
 
 def test_readdir_carries_attributes(store):

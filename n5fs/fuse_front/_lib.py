@@ -10,7 +10,15 @@ libfuse 3's 1 MiB ones (600-730 MB/s, DESIGN.md "Reads and caches").
 full attributes (READDIRPLUS: ``ls -l`` of 2,000 files costs one getattr instead of 2,001; a
 cold scandir + lstat of 20,000 files took 0.49 s instead of 1.13 s here), ``ftruncate`` keeps
 its file handle, ``rename`` keeps its ``RENAME_NOREPLACE``/``RENAME_EXCHANGE`` flags (dropping
-them would let ``mv -n`` clobber), and control files are opened for direct I/O.
+them would let ``mv -n`` clobber), and each open tells the kernel what to do with the pages it
+caches of the file (the operations' ``page_cache``: keep them, ``keep_cache``, when the file
+is the version they came from; bypass them, ``direct_io``, for control files, whose size
+changes between reads; else drop them, libfuse's default).
+
+:func:`fill_read_buf` answers libfuse's ``read_buf``: for a file the gateway reads from a
+local descriptor it hands libfuse that descriptor and offset, and libfuse reads from it into
+its own reply buffer in C, outside the GIL. A ``read`` callback would cost a Python bytes
+object and two copies of every 128 KiB piece (``os.pread``, then mfusepy's ``memmove``).
 
 :func:`invalidate_path` binds libfuse 3's ``fuse_invalidate_path`` (absent from libfuse 2 and
 fusepy: :data:`CAN_INVALIDATE` says which), for :mod:`n5fs.fuse_front.invalidate`.
@@ -25,6 +33,8 @@ import os
 import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
+
+from n5fs.gateway.reader import PageCache
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -70,7 +80,7 @@ _GLUE_ATTRS = ("_libfuse", "c_stat", "set_st_attrs", "fuse_version_major", "fuse
 #: one would leave ours silently unused (``mv -n`` clobbering, ``ls -l`` one getattr per file)
 _GLUE_OVERRIDES = ("readdir_fuse_2", "readdir_fuse_3", "truncate_fuse_3", "rename_fuse_3", "open")
 #: ctypes structures the glue reads or writes fields of
-_GLUE_FIELDS = {"fuse_file_info": ("fh", "direct_io"), "fuse_context": ("fuse",)}
+_GLUE_FIELDS = {"fuse_file_info": ("fh", "direct_io", "keep_cache"), "fuse_context": ("fuse",)}
 
 
 def _glue_missing(module: Any) -> Iterator[str]:
@@ -127,6 +137,74 @@ FUSE_READDIR_PLUS = 1  # libfuse 3 readdir flag: the kernel asked for attributes
 FUSE_FILL_DIR_PLUS = 2  # filler flag: this entry carries full attributes
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
+#: libfuse's ``enum fuse_buf_flags``: the buffer is a descriptor, read at ``pos``
+FUSE_BUF_IS_FD = 1 << 1
+FUSE_BUF_FD_SEEK = 1 << 2
+
+
+class _FuseBuf(ctypes.Structure):
+    """libfuse's ``struct fuse_buf`` (libfuse 2.9 to 3.x; later releases append fields)."""
+
+    _fields_ = (
+        ("size", ctypes.c_size_t),
+        ("flags", ctypes.c_int),
+        ("mem", ctypes.c_void_p),
+        ("fd", ctypes.c_int),
+        ("pos", ctypes.c_int64),  # off_t: libfuse is built with 64-bit offsets
+    )
+
+
+class _FuseBufvec(ctypes.Structure):
+    """libfuse's ``struct fuse_bufvec`` with its one inline ``fuse_buf`` (mfusepy declares a
+    pointer there, which is not the C layout)."""
+
+    _fields_ = (
+        ("count", ctypes.c_size_t),
+        ("idx", ctypes.c_size_t),
+        ("off", ctypes.c_size_t),
+        ("buf", _FuseBuf * 1),
+    )
+
+
+def _bind_libc() -> Any:
+    """The C library's allocator: libfuse frees what ``read_buf`` hands it."""
+    libc = ctypes.CDLL(None)
+    libc.calloc.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+    libc.calloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    return libc
+
+
+_libc = _bind_libc()
+#: zeroed room past our layout for fields a later libfuse appends to ``struct fuse_buf``
+_BUFVEC_BYTES = ctypes.sizeof(_FuseBufvec) + 64
+
+
+def fill_read_buf(
+    bufpp: Any, *, fd: int | None = None, size: int = 0, offset: int = 0, data: bytes = b""
+) -> None:
+    """Answer ``read_buf``: set ``*bufpp`` to a new ``fuse_bufvec`` holding either ``size``
+    bytes of descriptor ``fd`` at ``offset`` (libfuse reads them, a short read at the end of
+    the file included) or a copy of ``data``. libfuse frees both allocations after the reply;
+    ``fd`` must stay open until then (a release cannot come first: the kernel holds the file
+    until the read is answered)."""
+    vec_address = _libc.calloc(1, _BUFVEC_BYTES)
+    if not vec_address:
+        raise MemoryError("no memory for a read reply")
+    buf = _FuseBufvec.from_address(vec_address).buf[0]
+    if fd is not None:
+        buf.size, buf.flags, buf.fd, buf.pos = size, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, fd, offset
+    elif data:
+        mem = _libc.malloc(len(data))
+        if not mem:
+            _libc.free(vec_address)
+            raise MemoryError("no memory for a read reply")
+        ctypes.memmove(mem, data, len(data))
+        buf.size, buf.mem = len(data), mem
+    _FuseBufvec.from_address(vec_address).count = 1
+    ctypes.cast(bufpp, ctypes.POINTER(ctypes.c_void_p))[0] = vec_address
 
 
 def describe() -> str:
@@ -205,7 +283,7 @@ class DirSource(Protocol):
         self, path: str, fh: int, offset: int = 0
     ) -> Sequence[tuple[str, dict[str, int]]]: ...
 
-    def direct_io(self, path: str) -> bool: ...
+    def page_cache(self, path: str, fh: int) -> PageCache: ...
 
 
 def _entries_from(
@@ -226,8 +304,9 @@ def _entries_from(
 if IS_MFUSEPY:
 
     class _PlusFUSE(_fuse.FUSE):  # type: ignore[misc]  # mfusepy is untyped
-        """mfusepy's FUSE with readdir-plus, ftruncate handles, rename flags and direct I/O
-        for control files. Methods named ``*_fuse_3`` replace mfusepy's glue for libfuse 3."""
+        """mfusepy's FUSE with readdir-plus, ftruncate handles, rename flags and the page
+        cache decided per open. Methods named ``*_fuse_3`` replace mfusepy's glue for
+        libfuse 3."""
 
         def _path(self, raw: bytes | None) -> str:
             return "" if raw is None else raw.decode(self.encoding, self.errors)
@@ -274,8 +353,12 @@ if IS_MFUSEPY:
 
         def open(self, path: bytes, fip: Any) -> int:
             result = super().open(path, fip)
-            if self.operations.direct_io(self._path(path)):
-                fip.contents.direct_io = 1  # sizes of control files change between reads
+            info = fip.contents
+            mode = self.operations.page_cache(self._path(path), info.fh)
+            if mode is PageCache.BYPASS:
+                info.direct_io = 1
+            elif mode is PageCache.KEEP:
+                info.keep_cache = 1
             return int(result or 0)
 
     N5fsFUSE: Any = _PlusFUSE

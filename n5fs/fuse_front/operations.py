@@ -7,6 +7,12 @@ lives here. Operations n5fs cannot honour are left undefined so libfuse and the 
 right thing themselves: ``flock``/``fcntl`` locks are then kept by the kernel (they exclude
 each other between processes of this machine, which is what TensorStore's ``__lock`` files
 and ``flock(1)`` need; a ``lock`` callback answering 0 would grant every lock to everyone).
+Extended attributes too, but one: n5fs stores none, so for ``getxattr``, ``setxattr`` and
+``removexattr`` libfuse answers ENOSYS, and the kernel stops asking for the life of the mount
+and tells callers EOPNOTSUPP (``cp -a`` and ``rsync -aX`` take it for "keeps none"). Before,
+every ``ls -l`` of a file cost two getxattr round trips (ENODATA was an answer worth asking
+again), and every write(2) one (the kernel's ``security.capability`` check). ``listxattr``
+answers "none" instead: ``tar --xattrs`` warns about every file whose list it cannot read.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from n5fs.errors import errno_of
 from n5fs.fuse_front._lib import (
@@ -26,9 +32,11 @@ from n5fs.fuse_front._lib import (
     FuseOSError,
     Operations,
     current_fuse,
+    fill_read_buf,
 )
 from n5fs.fuse_front.attrs import StatMaker
 from n5fs.gateway.namespace import CONTROL
+from n5fs.gateway.reader import PageCache
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -77,6 +85,14 @@ class GatewayLike(Protocol):
         """Call ``callback`` with the absolute paths whose kernel entries went stale, after
         each change took effect (any thread, maybe under the gateway's locks: it must queue,
         never block). Optional: the front looks it up with ``getattr`` (fakes may lack it)."""
+
+    def page_cache(self, fh: int) -> PageCache:
+        """What the kernel does with its cached pages of the file ``fh`` opened. Optional,
+        as ``subscribe``."""
+
+    def read_fd(self, fh: int, size: int, offset: int) -> int | None:
+        """A descriptor libfuse may ``pread`` ``size`` bytes at ``offset`` of ``fh`` from
+        itself, None to ask :meth:`read`. Optional, as ``subscribe``."""
 
 
 class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
@@ -165,19 +181,9 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
         self._run(f"{op} {path}", lambda: self.gateway.stat(path))
         return 0
 
-    # -- extended attributes: none are stored ----------------------------------------------------
-
-    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        raise FuseOSError(errno.ENODATA)  # never ENOSYS: libfuse would disable xattrs for good
-
     def listxattr(self, path: str) -> list[str]:
+        """None stored (the other xattr calls are left to libfuse: module docstring)."""
         return []
-
-    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
-        raise FuseOSError(errno.ENOTSUP)
-
-    def removexattr(self, path: str, name: str) -> int:
-        raise FuseOSError(errno.ENODATA)
 
     # == directories ==============================================================================
 
@@ -264,8 +270,36 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
         """Control files change size between reads: bypass the page cache for them."""
         return path.startswith(_CONTROL_PREFIX)
 
+    def page_cache(self, path: str, fh: int) -> PageCache:
+        """What the kernel does with its cached pages of the file ``fh`` opened (the glue sets
+        ``direct_io`` or ``keep_cache``): the gateway's answer (:meth:`Gateway.page_cache`);
+        libfuse's default (drop them) where it has none. Never raises: the open succeeded."""
+        if self.direct_io(path):
+            return PageCache.BYPASS
+        decide = getattr(self.gateway, "page_cache", None)  # optional: fakes may lack it
+        if decide is None:
+            return PageCache.DROP
+        try:
+            return cast("PageCache", decide(fh))
+        except Exception:
+            log.exception("open %s: cannot tell what to do with cached pages; dropping them", path)
+            return PageCache.DROP
+
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         return self._run("read " + path, lambda: self.gateway.read(fh, size, offset))
+
+    def read_buf(self, path: str, bufpp: Any, size: int, offset: int, fh: int) -> int:
+        """libfuse's read (it prefers this one): where the gateway reads ``fh`` from a local
+        descriptor, libfuse gets the descriptor and reads it itself (no bytes through
+        Python); else the bytes :meth:`read` returns."""
+        read_fd = getattr(self.gateway, "read_fd", None)  # optional: fakes may lack it
+        if read_fd is not None:
+            fd = self._run("read " + path, lambda: read_fd(fh, size, offset))
+            if fd is not None:
+                fill_read_buf(bufpp, fd=fd, size=size, offset=offset)
+                return 0
+        fill_read_buf(bufpp, data=self.read(path, size, offset, fh))
+        return 0
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         return self._run("write " + path, lambda: self.gateway.write(fh, data, offset))

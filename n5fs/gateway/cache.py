@@ -10,8 +10,15 @@ dropped them: a reader takes a *ticket* before it reads the store and stores thr
 ``invalidate``/``put`` of the key make outstanding tickets stale, and a stale ticket stores
 nothing.
 
+``ByteLRU`` hears of every change the mount makes to a key (the committer puts or drops the
+key's bytes after each commit, rename, unlink, ``utimens``, consolidated rewrite), so it also
+keeps :class:`OpenedStamps`, the version each key had when it was last opened: an open of a
+version the kernel may already hold, with no change of ours since, lets the kernel keep its
+pages (``keep_cache``), so re-reads on a read-write mount run at page-cache speed.
+
 Lock discipline: each object here has one internal lock, held for dictionary work only (never
-around store I/O); they are leaf locks — nothing else is acquired while one is held.
+around store I/O); they are leaf locks — nothing else is acquired while one is held (a
+``ByteLRU`` tells its ``OpenedStamps`` after releasing its own lock).
 """
 
 from __future__ import annotations
@@ -22,10 +29,60 @@ from dataclasses import dataclass
 
 from n5fs.caching import Clock, LoadingCache
 
-__all__ = ["ByteLRU", "Clock", "Counters", "LoadingCache", "Ticket", "Version"]
+__all__ = [
+    "ByteLRU",
+    "Clock",
+    "Counters",
+    "LoadingCache",
+    "OpenedStamps",
+    "Stamp",
+    "Ticket",
+    "Version",
+]
 
 #: (size, mtime) of a stored object as its listing reports it; None when unknown
 Version = tuple[int, float] | None
+#: what identifies the bytes an open reads: (inode, size, mtime_ns) of a local file, else the
+#: listing's (size, mtime)
+Stamp = tuple[float, ...]
+#: keys whose stamp at open is remembered (about 200 bytes each); the oldest are forgotten
+OPENED_KEYS = 1 << 16
+
+
+class OpenedStamps:
+    """The stamp each key had at its last open, forgotten at every change of ours.
+
+    An open whose stamp equals the remembered one, with no change of ours in between, reads
+    the bytes the kernel may hold pages of: it may keep them. Anything else (first open, a
+    change by this mount, another version on disk, a key forgotten for room) drops them.
+    """
+
+    def __init__(self, limit: int = OPENED_KEYS) -> None:
+        self._stamps: dict[str, Stamp] = {}
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def opened(self, key: str, stamp: Stamp) -> bool:
+        """Remember ``stamp`` as ``key``'s; True when it was the remembered one already."""
+        with self._lock:
+            same = self._stamps.pop(key, None) == stamp  # re-inserted: most recent last
+            self._stamps[key] = stamp
+            if len(self._stamps) > self._limit:
+                del self._stamps[next(iter(self._stamps))]
+            return same
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._stamps.pop(key, None)
+
+    def forget_prefix(self, prefix: str) -> None:
+        with self._lock:
+            for key in [k for k in self._stamps if k.startswith(prefix)]:
+                del self._stamps[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._stamps.clear()
 
 
 @dataclass(eq=False)
@@ -45,6 +102,7 @@ class ByteLRU:
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
+        self.opened = OpenedStamps()
         self._data: OrderedDict[str, tuple[Version, bytes]] = OrderedDict()
         self._tickets: dict[str, list[Ticket]] = {}
         self._size = 0
@@ -98,6 +156,7 @@ class ByteLRU:
         with self._lock:
             self._ground(key)
             self._store(key, version, value)
+        self.opened.forget(key)
 
     def _store(self, key: str, version: Version, value: bytes) -> None:
         self._drop(key)
@@ -122,6 +181,7 @@ class ByteLRU:
         with self._lock:
             self._ground(key)
             self._drop(key)
+        self.opened.forget(key)
 
     def invalidate_prefix(self, prefix: str) -> int:
         with self._lock:
@@ -130,7 +190,8 @@ class ByteLRU:
             stale = [k for k in self._data if k.startswith(prefix)]
             for key in stale:
                 self._drop(key)
-            return len(stale)
+        self.opened.forget_prefix(prefix)
+        return len(stale)
 
     def clear(self) -> None:
         with self._lock:
@@ -138,6 +199,7 @@ class ByteLRU:
                 self._ground(key)
             self._data.clear()
             self._size = 0
+        self.opened.clear()
 
 
 class Counters:

@@ -52,7 +52,7 @@ from n5fs.gateway.namespace import (
     path_to_key,
     statfs_of,
 )
-from n5fs.gateway.reader import ObjectReader
+from n5fs.gateway.reader import ObjectReader, PageCache
 from n5fs.gateway.renames import Renamer
 from n5fs.gateway.staging import StagingBudget
 from n5fs.gateway.view import NamespaceView
@@ -206,10 +206,14 @@ class Gateway:
         if is_control(key):
             if flags & (_WRITE_FLAGS | os.O_TRUNC):
                 raise AccessDenied(f"{path} is a read-only control entry of n5fs")
-            return self.files.add_handle(Handle(None, flags, control=self._control_bytes(key)))
+            control = self._control_bytes(key)  # its size changes between reads: no pages
+            return self.files.add_handle(
+                Handle(None, flags, control=control, page_cache=PageCache.BYPASS)
+            )
         writing = bool(flags & (_WRITE_FLAGS | os.O_TRUNC))
         if writing:
             self._check_mutable(key)
+            self.reader.forget_pages(key)  # what it writes reaches the kernel's pages first
         attr = self.view.lookup(key)
         if attr is None:
             if writing and key in self._refused:
@@ -219,6 +223,9 @@ class Gateway:
             raise KeyNotFound(f"no such file or directory: {path}")
         if attr.kind is EntryKind.DIR:
             raise IsAPrefix(f"is a directory: {path}")
+        if not writing:
+            listed = (attr.size, attr.mtime)
+            return self.files.add_handle(self.files.reading(key, flags, self.reader, listed))
         if not flags & os.O_TRUNC:
             return self.files.add_handle(Handle(self.files.acquire(key), flags))
         node = self.files.acquire_locked(key)
@@ -229,12 +236,20 @@ class Gateway:
             node.lock.release()
         return self.files.add_handle(Handle(node, flags))
 
+    def page_cache(self, fh: int) -> PageCache:
+        """What the kernel does with the pages it caches of the file at this open: keeps them
+        when the file is the version they came from and this mount changed nothing since;
+        reads around them while another handle reads an older version of the file (it may
+        fill them with its bytes); else drops them."""
+        return self.files.handle(fh).page_cache
+
     def create(self, path: str, flags: int = os.O_WRONLY) -> int:
         """A new file (parents are implied, as keys imply prefixes; the kernel has checked
         them on a mount). The name's node is locked while its existence is decided, so two
         exclusive creates of one name cannot both succeed."""
         key = path_to_key(path)
         self._check_mutable(key)
+        self.reader.forget_pages(key)
         node = self.files.acquire_locked(key)
         try:
             self._start_new(node, path, flags)
@@ -280,9 +295,11 @@ class Gateway:
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         handle = self.files.handle(fh)
+        node, local = handle.node, handle.local
+        if local is not None and node is not None and node.staged is None:
+            return self.reader.read_local(local, size, offset)  # the hot path: one pread
         if handle.control is not None:
             return handle.control[offset : offset + size]
-        node = handle.node
         assert node is not None
         with node.lock:
             if node.staged is not None:
@@ -292,6 +309,17 @@ class Gateway:
         total, version = (info.size, (info.size, info.mtime)) if info else (None, None)
         chunk, handle.window = self.reader.read(handle.window, key, size, offset, total, version)
         return chunk
+
+    def read_fd(self, fh: int, size: int, offset: int) -> int | None:
+        """The descriptor a read of ``size`` bytes at ``offset`` may be served from directly
+        (the FUSE front hands it to libfuse, which reads it in C), None when the read
+        must go through :meth:`read` (staged content, a store without local files)."""
+        handle = self.files.handle(fh)
+        node, local = handle.node, handle.local
+        if local is None or node is None or node.staged is not None:
+            return None
+        self.reader.count_local(local, size, offset)
+        return local.fd
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
         node = self.files.handle(fh).node

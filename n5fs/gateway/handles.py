@@ -5,10 +5,15 @@ State and locks:
 - ``OpenFiles._lock`` guards the two tables (key -> node, fh -> handle) and every node's
   ``refs`` and ``key``; it is a leaf lock, held for table work only.
 - ``Node.lock`` guards the node's staged buffer and flags (``dirty``, ``stored``,
-  ``written``, ``unlinked``). Everything that reads or changes a node's content (read, write,
-  truncate, commit, rename of the key) holds it. It is taken *before* any commit-order lock
-  (:mod:`n5fs.gateway.ordering`) and never while ``OpenFiles._lock`` is held.
-- A handle's read-ahead window is one immutable value replaced by assignment.
+  ``written``, ``unlinked``) and the stamps its local readers opened (``reading``).
+  Everything that changes a node's content (write, truncate, commit, rename of the key)
+  holds it; a read takes it only to go through staging. It is taken *before* any
+  commit-order lock (:mod:`n5fs.gateway.ordering`) and never while ``OpenFiles._lock`` is
+  held.
+- A handle's read-ahead window is one immutable value replaced by assignment. A read-only
+  handle over a local file holds its own descriptor (:class:`~n5fs.gateway.reader.LocalFile`)
+  from open to release; a read uses it while the node stages nothing (one unlocked look at
+  ``node.staged``: a read that misses a write starting that instant is ordered before it).
 
 Writes never load what they will not use: a node's staging buffer starts from the stored
 object lazily (:class:`StoredObject` fetches ranges on demand), and ``O_TRUNC`` or a new file
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
 from n5fs.gateway.namespace import Attr, EntryKind
-from n5fs.gateway.reader import ReadWindow
+from n5fs.gateway.reader import LocalFile, PageCache, ReadWindow
 from n5fs.gateway.staging import StagedFile, StagingBudget
 from n5fs.kvstore.base import ByteRange
 from n5fs.kvstore.keys import parent
@@ -35,6 +40,8 @@ from n5fs.kvstore.keys import parent
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from n5fs.gateway.cache import Stamp
+    from n5fs.gateway.reader import ObjectReader
     from n5fs.kvstore.base import KvStore
 
 
@@ -64,6 +71,8 @@ class Node:
     unlinked: bool = False
     #: a modification time set (``utimens``) while content is staged: the commit applies it
     mtime: float | None = None
+    #: how many open handles read each version of the local file (their stamps)
+    reading: dict[Stamp, int] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
@@ -78,6 +87,19 @@ class Node:
         mtime = time.time() if self.mtime is None else self.mtime
         return Attr(EntryKind.FILE, staged.size, mtime, writable)
 
+    def start_reading(self, stamp: Stamp) -> bool:
+        """Count a handle reading ``stamp`` (caller holds the lock); True when another open
+        handle reads another version."""
+        mixed = any(other != stamp for other in self.reading)
+        self.reading[stamp] = self.reading.get(stamp, 0) + 1
+        return mixed
+
+    def stop_reading(self, stamp: Stamp) -> None:
+        with self.lock:
+            left = self.reading.pop(stamp, 1) - 1
+            if left > 0:
+                self.reading[stamp] = left
+
 
 @dataclass(eq=False)
 class Handle:
@@ -85,6 +107,10 @@ class Handle:
     flags: int
     control: bytes | None = None
     window: ReadWindow = field(default_factory=ReadWindow)
+    #: the handle's own descriptor of the stored file (read-only handles, local stores)
+    local: LocalFile | None = None
+    #: what the kernel was told to do with its cached pages at open
+    page_cache: PageCache = PageCache.DROP
 
 
 @dataclass(frozen=True)
@@ -113,19 +139,46 @@ class OpenFiles:
             return fh
 
     def handle(self, fh: int) -> Handle:
-        with self._lock:
-            handle = self._handles.get(fh)
+        # every read asks: one dict lookup, atomic without the table lock
+        handle = self._handles.get(fh)
         if handle is None:
             raise KeyNotFound(f"stale file handle {fh}")
         return handle
 
     def pop_handle(self, fh: int) -> Handle | None:
+        """Take the handle out of the table; its local descriptor is closed now."""
         with self._lock:
-            return self._handles.pop(fh, None)
+            handle = self._handles.pop(fh, None)
+        local = handle.local if handle is not None else None
+        if handle is not None and local is not None:
+            handle.local = None
+            if handle.node is not None:
+                handle.node.stop_reading(local.stamp)
+            local.close()
+        return handle
 
     def handle_count(self) -> int:
         with self._lock:
             return len(self._handles)
+
+    def reading(self, key: str, flags: int, reader: ObjectReader, listed: Stamp) -> Handle:
+        """A read-only handle of ``key``: its own descriptor of the local file where the store
+        has one, and what the kernel does with its cached pages (the listing's ``listed``
+        stamp stands for the file where there is no local one to ``fstat``)."""
+        handle = Handle(self.acquire(key), flags)
+        node = handle.node
+        assert node is not None
+        local = reader.open_local(key)
+        with node.lock:
+            if node.staged is not None:  # being written: reads go through the staging
+                if local is not None:
+                    local.close()
+                return handle
+            mixed = local is not None and node.start_reading(local.stamp)
+            handle.local = local
+        stamp = local.stamp if local is not None else listed
+        handle.page_cache = reader.page_cache(key, stamp, mixed=mixed)
+        return handle
 
     # -- nodes ---------------------------------------------------------------------------------
 

@@ -2,6 +2,17 @@
 whole by every reader anyway); large objects by range, with a per-handle read-ahead window
 that doubles on sequential access (the kernel asks in 128 KiB pieces; S3 wants MiBs).
 
+Where the store keeps a key in a local file (:meth:`~n5fs.kvstore.base.KvStore.local_path`:
+the file store), a read-only handle opens that file once and every read is one ``pread`` on
+its descriptor (:class:`LocalFile`): no Python byte cache on top of the page cache that holds
+the file already, no listing lookup per 128 KiB piece. The descriptor keeps the inode it
+opened, so a commit that renames a new file over the key (or an unlink) leaves an open reader
+with the old bytes to its end, as on a local filesystem; the next open reads the new ones.
+
+What the kernel keeps of a file's pages at open (:class:`PageCache`) is decided here too, from
+the file's stamp at open and the one remembered from its previous open
+(:class:`~n5fs.gateway.cache.OpenedStamps`).
+
 Concurrency: a handle's read-ahead state is one immutable :class:`ReadWindow`; ``read`` takes
 the current window and returns the next one, which the caller stores with one assignment, so
 two reads on one handle each see a consistent window (never old bytes at a new offset). Cached
@@ -11,17 +22,45 @@ its bytes after it (:class:`~n5fs.gateway.cache.ByteLRU` tickets). Counters are 
 
 from __future__ import annotations
 
+import enum
+import os
+import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
-from n5fs.gateway.cache import ByteLRU, Counters, Version
+from n5fs.gateway.cache import ByteLRU, Counters, Stamp, Version
 from n5fs.kvstore.base import ByteRange
 
 if TYPE_CHECKING:
     from n5fs.kvstore.base import KvStore
 
 _FIRST_READAHEAD = 1 << 20
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+
+class PageCache(enum.Enum):
+    """What the kernel does with the pages it caches of a file when a handle opens it."""
+
+    #: drop them (libfuse's default): the file may have changed since they were read
+    DROP = "drop"
+    #: keep them (``keep_cache``): they hold the very version this open reads
+    KEEP = "keep"
+    #: read around them (``direct_io``): another open handle reads another version (an older
+    #: inode, replaced on disk) and may fill them with its bytes while this one reads
+    BYPASS = "bypass"
+
+
+@dataclass(frozen=True, slots=True)
+class LocalFile:
+    """A read-only handle's own descriptor of the stored file, and the stamp it had at open
+    (inode, size, mtime_ns: a file renamed over the key is another inode)."""
+
+    fd: int
+    stamp: Stamp
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +105,53 @@ class ObjectReader:
         if data is not None:
             self.counters.add("bytes_out", len(data))
         return data
+
+    # -- local files ---------------------------------------------------------------------------
+
+    def open_local(self, key: str) -> LocalFile | None:
+        """A descriptor of ``key``'s local file, None where the store has none (or it is gone:
+        the reader then asks the store, which says what is true now)."""
+        path = self.store.local_path(key)
+        if path is None:
+            return None
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            return None
+        self.counters.add("store_reads")
+        return LocalFile(fd, (st.st_ino, st.st_size, st.st_mtime_ns))
+
+    def read_local(self, local: LocalFile, size: int, offset: int) -> bytes:
+        data = os.pread(local.fd, size, offset)
+        self.counters.add("bytes_out", len(data))
+        return data
+
+    def count_local(self, local: LocalFile, size: int, offset: int) -> None:
+        """A read of ``local`` that someone else performs (libfuse): count what it returns,
+        the bytes of the file at open from ``offset`` on, at most ``size``."""
+        self.counters.add("bytes_out", max(0, min(size, int(local.stamp[1]) - offset)))
+
+    def page_cache(self, key: str, stamp: Stamp, *, mixed: bool = False) -> PageCache:
+        """What the kernel does with its pages of ``key`` at an open that reads ``stamp``;
+        ``mixed``: another open handle reads another version of the key."""
+        if mixed:
+            self.cache.opened.forget(key)  # the pages may hold its bytes: drop them later
+            return PageCache.BYPASS
+        return PageCache.KEEP if self.cache.opened.opened(key, stamp) else PageCache.DROP
+
+    def forget_pages(self, key: str) -> None:
+        """A handle that may write ``key`` is opening: its next reader drops the pages."""
+        self.cache.opened.forget(key)
+
+    # -- store reads ---------------------------------------------------------------------------
 
     def whole(self, key: str, version: Version = None) -> bytes | None:
         """The whole object (cached when it fits), None when absent."""
