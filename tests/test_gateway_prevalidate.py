@@ -362,3 +362,35 @@ def test_metadata_commit_between_check_and_commit_order(
     assert isinstance(errors[0], Rejected)
     assert prechecked(gw) == 0
     assert gw.store.get(key) is None
+
+
+# == chunks copied before their metadata ================================================================
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_chunks_stored_before_their_metadata_are_judged_in_listing_order(
+    source: Path, workers: int
+) -> None:
+    """``cp -r`` may copy chunks before the array's attributes.json; that commit then checks
+    every stored chunk, on ``workers`` threads, and reports the first problem in listing
+    order (a truncated chunk before a flipped one), whatever finished first."""
+    gw = Gateway(MemoryStore())
+    gw.committer.rules._pool.workers = workers
+    gw.write_file("/attributes.json", metadata(source)["attributes.json"])
+    stored = sorted(chunks(source, "gzip").items())
+    assert len(stored) > 7
+    for i, (key, data) in enumerate(stored):
+        if i == 3:
+            data = data[:-9]
+        elif i == 6:
+            data = data[:40] + bytes([data[40] ^ 0xFF]) + data[41:]
+        gw.write_file("/" + key, data)  # no metadata yet: plain files
+    with pytest.raises(Rejected) as refused:
+        gw.write_file("/gzip/attributes.json", metadata(source)["gzip/attributes.json"])
+    assert refused.value.rule == "stored-chunk-invalid"
+    assert f"/{stored[3][0]} is not valid" in refused.value.message
+    assert gw.store.get("gzip/attributes.json") is None
+    gw.store.set(stored[3][0], stored[3][1])
+    gw.store.set(stored[6][0], stored[6][1])
+    gw.write_file("/gzip/attributes.json", metadata(source)["gzip/attributes.json"])
+    gw.close()

@@ -11,8 +11,10 @@ chunks validates them; a resize re-checks the chunks on the old edge).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,6 +24,7 @@ from n5fs.classify import Classifier, Verdict
 from n5fs.detect import Detector, candidates
 from n5fs.errors import Rejected
 from n5fs.formats.base import ArrayNode, Format, GroupNode, KeyKind, Node
+from n5fs.gateway.pool import OrderedPool
 from n5fs.kvstore.keys import basename, dir_prefix, parent
 
 if TYPE_CHECKING:
@@ -60,6 +63,40 @@ def _reject(key: str, fmt: str, rule: str, message: str) -> Rejected:
     return Rejected(message, path=key, fmt=fmt, rule=rule)
 
 
+def _stored_chunk_problem(
+    store: KvStore,
+    key: str,
+    array: ArrayNode,
+    chunk_key: str,
+    position: tuple[int, ...],
+    in_grid: bool,
+) -> Rejected | None:
+    """Why the stored chunk ``chunk_key`` breaks metadata ``key`` (None: it does not)."""
+    if not in_grid:
+        return _reject(
+            key,
+            array.fmt,
+            "stored-chunk-out-of-grid",
+            f"stored chunk /{chunk_key} lies outside the grid "
+            f"{list(array.grid)} this metadata declares",
+        )
+    data = store.get(chunk_key)
+    if data is None:
+        return None
+    try:
+        array.validate_chunk(position, data, path=chunk_key)
+    except Rejected as exc:
+        problem = _reject(
+            key,
+            array.fmt,
+            "stored-chunk-invalid",
+            f"stored chunk /{chunk_key} is not valid under this metadata: {exc.message}",
+        )
+        problem.__cause__ = exc
+        return problem
+    return None
+
+
 class CommitRules:
     """Classify and validate one key's new content against the store as it is now."""
 
@@ -67,6 +104,10 @@ class CommitRules:
         self.store = store
         self.detector = detector
         self.classifier = Classifier(detector)
+        self._pool = OrderedPool(min(4, os.cpu_count() or 1), "n5fs-stored-chunks")
+
+    def close(self) -> None:
+        self._pool.close()
 
     # -- entry point -------------------------------------------------------------------------
 
@@ -163,30 +204,17 @@ class CommitRules:
         self, key: str, folder: str, array: ArrayNode, wanted: Callable[[tuple[int, ...]], bool]
     ) -> None:
         """Chunk-shaped keys already stored (``cp -r`` may copy chunks before metadata) must
-        be valid under the new metadata."""
-        for chunk_key, position, in_grid in self._chunk_keys(folder, array):
-            if not wanted(position):
-                continue
-            if not in_grid:
-                raise _reject(
-                    key,
-                    array.fmt,
-                    "stored-chunk-out-of-grid",
-                    f"stored chunk /{chunk_key} lies outside the grid "
-                    f"{list(array.grid)} this metadata declares",
-                )
-            data = self.store.get(chunk_key)
-            if data is None:
-                continue
-            try:
-                array.validate_chunk(position, data, path=chunk_key)
-            except Rejected as exc:
-                raise _reject(
-                    key,
-                    array.fmt,
-                    "stored-chunk-invalid",
-                    f"stored chunk /{chunk_key} is not valid under this metadata: {exc.message}",
-                ) from exc
+        be valid under the new metadata. They are fetched and decoded on a few threads (the
+        decoders release the GIL; ``cp -r`` of an array whose metadata came last waits for
+        this); the first problem in listing order is the one reported, as one by one."""
+        stored = [c for c in self._chunk_keys(folder, array) if wanted(c[1])]
+        problems = self._pool.ordered(
+            lambda c: _stored_chunk_problem(self.store, key, array, *c), stored
+        )
+        with contextlib.closing(problems):  # the first problem stops the rest
+            for problem in problems:
+                if problem is not None:
+                    raise problem
 
     def _check_edges(self, key: str, folder: str, old: ArrayNode, new: ArrayNode) -> None:
         """A resize keeps every stored chunk valid: re-check the chunks on the old edge (an N5

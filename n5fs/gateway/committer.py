@@ -94,6 +94,7 @@ class Committer:
         """Stop the chunk-check workers (after the last commit)."""
         if self.prechecks is not None:
             self.prechecks.close()
+        self.rules.close()
 
     # -- order ---------------------------------------------------------------------------------
 
