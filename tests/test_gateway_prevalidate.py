@@ -33,7 +33,7 @@ from n5fs.codecs.n5_header import decode_header
 from n5fs.errors import Rejected
 from n5fs.formats.n5 import N5ArrayNode, N5Format
 from n5fs.gateway import Gateway, GatewayConfig, prevalidate
-from n5fs.gateway.prevalidate import Prechecks
+from n5fs.gateway.prevalidate import Prechecks, passes
 from n5fs.kvstore.memory import MemoryStore
 from tests.writers import tensorstore_n5
 
@@ -100,8 +100,9 @@ def gateway(root: Path, *, checks: bool = True, **config: Any) -> Gateway:
     gw = Gateway(MemoryStore(), GatewayConfig(**config))
     for key, data in metadata(root).items():
         gw.write_file("/" + key, data)
-    if not checks:
+    if not checks:  # the full check alone, as before chunks were checked while written
         gw.committer.prechecks = None
+        gw.rules.streaming = False
     return gw
 
 
@@ -197,6 +198,25 @@ def test_checked_while_written_decides_as_the_full_check(source: Path, name: str
                     assert used == (name in HANDLED), (key, size)
     assert full.stats()["prechecked"] == 0
     assert prechecked(fast) >= expected_fast  # (a raw chunk with a flipped byte is valid too)
+
+
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_streaming_check_of_a_whole_chunk_accepts_only_what_the_full_check_accepts(
+    source: Path, name: str
+) -> None:
+    """``passes`` (used at commit before the full check, and for chunks stored before their
+    metadata) is sound: it never accepts what ``validate_chunk`` refuses, and it accepts
+    every valid chunk of a codec it handles."""
+    array = node(source, name)
+    for key, data in chunks(source, name).items():
+        position = tuple(int(p) for p in key.split("/")[1:])
+        for what, spoilt in spoiled(data, array):
+            if passes(array, position, spoilt):
+                array.validate_chunk(position, spoilt)  # raises if unsound
+            elif what == "valid":
+                assert name not in HANDLED, key
+    outside = tuple(g for g in array.grid)
+    assert not passes(array, outside, next(iter(chunks(source, name).values())))
 
 
 @pytest.mark.parametrize("name", ["gzip", "raw", "xz"])

@@ -25,6 +25,7 @@ from n5fs.detect import Detector, candidates
 from n5fs.errors import Rejected
 from n5fs.formats.base import ArrayNode, Format, GroupNode, KeyKind, Node
 from n5fs.gateway.pool import OrderedPool
+from n5fs.gateway.prevalidate import passes
 from n5fs.kvstore.keys import basename, dir_prefix, parent
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ def _stored_chunk_problem(
     chunk_key: str,
     position: tuple[int, ...],
     in_grid: bool,
+    *,
+    streaming: bool,
 ) -> Rejected | None:
     """Why the stored chunk ``chunk_key`` breaks metadata ``key`` (None: it does not)."""
     if not in_grid:
@@ -81,7 +84,7 @@ def _stored_chunk_problem(
             f"{list(array.grid)} this metadata declares",
         )
     data = store.get(chunk_key)
-    if data is None:
+    if data is None or (streaming and passes(array, position, data)):
         return None
     try:
         array.validate_chunk(position, data, path=chunk_key)
@@ -105,6 +108,9 @@ class CommitRules:
         self.detector = detector
         self.classifier = Classifier(detector)
         self._pool = OrderedPool(min(4, os.cpu_count() or 1), "n5fs-stored-chunks")
+        #: accept a chunk in its plain case with the streaming decoders before the full
+        #: check (:func:`~n5fs.gateway.prevalidate.passes`: same verdict, less work)
+        self.streaming = True
 
     def close(self) -> None:
         self._pool.close()
@@ -130,10 +136,14 @@ class CommitRules:
             self._check_context(verdict.fmt, key, data, node)
         elif verdict.kind is KeyKind.CHUNK:
             if pre is None or size is None or not pre.holds_for(verdict, size):
-                self.classifier.check(verdict, load())
+                self._check_chunk(verdict, load())
         elif verdict.kind is KeyKind.INVALID:
             raise verdict.refusal()
         return verdict
+
+    def _check_chunk(self, verdict: Verdict, data: bytes) -> None:
+        if not (self.streaming and passes(verdict.array, verdict.position, data)):
+            self.classifier.check(verdict, data)
 
     # -- metadata ----------------------------------------------------------------------------
 
@@ -208,8 +218,10 @@ class CommitRules:
         decoders release the GIL; ``cp -r`` of an array whose metadata came last waits for
         this); the first problem in listing order is the one reported, as one by one."""
         stored = [c for c in self._chunk_keys(folder, array) if wanted(c[1])]
+        streaming = self.streaming
         problems = self._pool.ordered(
-            lambda c: _stored_chunk_problem(self.store, key, array, *c), stored
+            lambda c: _stored_chunk_problem(self.store, key, array, *c, streaming=streaming),
+            stored,
         )
         with contextlib.closing(problems):  # the first problem stops the rest
             for problem in problems:
