@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from n5fs.cli.progress import ProgressBar
 from n5fs.detect import Detector, Folder, FolderKind, Source, node_spec, open_source
 from n5fs.validate import Validator
+from n5fs.views import VIEW_FORMATS
 
 if TYPE_CHECKING:
     import argparse
@@ -207,6 +208,9 @@ def run_detect(args: argparse.Namespace) -> int:
     text = source_from_args(args)
     if _refuse_missing("detect", text):
         return EXIT_CANNOT_RUN
+    view = getattr(args, "view", None)
+    if view is not None and view != "native":
+        return _detect_view(text, view, as_json=args.json)
     source = open_cli_source(text)
     with source.store:
         detector = Detector(source.store)
@@ -231,6 +235,42 @@ def run_detect(args: argparse.Namespace) -> int:
     for node in nodes:
         print(_tree_line(node))
     return 0
+
+
+def _detect_view(text: str, fmt: str, *, as_json: bool) -> int:
+    """``detect --as FORMAT``: the groups and arrays as the view shows them, and the arrays
+    it leaves out with the reason."""
+    from n5fs.gateway import Gateway, GatewayConfig
+    from n5fs.views import make_tree
+
+    source = open_cli_source(text, read_only=True)
+    with source.store:
+        nodes = make_tree(Gateway(source.store, GatewayConfig(read_only=True)), fmt).describe()
+    if not nodes:
+        from n5fs.errors import DetectionFailed
+
+        raise DetectionFailed(
+            f"{source.spec.to_url()}: no N5, Zarr v2, Zarr v3 or hdmf-zarr metadata found"
+        )
+    if as_json:
+        doc = {"source": source.spec.to_json(), "view": fmt, "nodes": nodes}
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"{source.spec.to_url()}  (as {fmt})")
+    for node in nodes:
+        print(_view_line(node))
+    return 0
+
+
+def _view_line(node: dict[str, Any]) -> str:
+    if node["kind"] == "left out":
+        path = node["path"] or "/"
+        return f"{path:<32} left out: {node['reason']}"
+    if node["kind"] == "file":  # an .npy file
+        shape = "x".join(map(str, node["shape"])) or "scalar"
+        return f"{node['path']:<32} {node['format']:<9} file  {node['dtype']}  {shape}"
+    return _tree_line(node)
 
 
 def _tree_line(node: dict[str, Any]) -> str:
@@ -323,6 +363,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("source", metavar="SOURCE", help="URL or JSON kvstore spec (see n5fs --help)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--as",
+        dest="view",
+        choices=VIEW_FORMATS,
+        default=None,
+        metavar="FORMAT",
+        help="print the tree as n5fs mount --as FORMAT shows it (zarr3, zarr2, npy): each "
+        "array's shape, chunks and codecs in that format, and the arrays the view leaves out "
+        "with the reason",
+    )
     add_s3_arguments(p)
     p.set_defaults(run=run_detect)
 

@@ -76,6 +76,8 @@ class MountConfig:
     max_file_size: int | None = None
     allow_other: bool | None = None
     log_level: str | None = None
+    #: ``as = "zarr3"``: the format the mount shows (a view: read-only)
+    view: str | None = None
     options: tuple[str, ...] = ()
     s3: S3Settings | None = None
 
@@ -96,6 +98,8 @@ class MountConfig:
             groups.append(f"staging_size={self.staging_size}")
         if self.max_file_size is not None:
             groups.append(f"max_file_size={self.max_file_size}")
+        if self.view is not None:
+            groups.append(f"as={self.view}")
         return [*groups, *self.options]
 
 
@@ -120,7 +124,7 @@ def parse_config(doc: Mapping[str, Any], path: str = "<config>") -> MountConfig:
     values: dict[str, Any] = {}
     for key, check in _KEYS.items():
         if key in doc:
-            values[key] = _checked(path, key, check, doc[key])
+            values[_FIELDS.get(key, key)] = _checked(path, key, check, doc[key])
     config = MountConfig(path=path, **values)
     if config.s3 is not None and config.source is not None:
         with_s3(config.source, config.s3, path)  # a source not on S3 fails now, at the file
@@ -220,6 +224,12 @@ def _cache_ttl(value: object) -> float:
     raise TypeError(f"expected a number of seconds, got {_type_name(value)} {value!r}")
 
 
+def _view(value: object) -> str:
+    from n5fs.views import parse_view
+
+    return parse_view(_string(value))
+
+
 def _log_level(value: object) -> str:
     text = _string(value).lower()
     if text not in LOG_LEVELS:
@@ -297,9 +307,12 @@ _KEYS: dict[str, Callable[[object], Any]] = {
     "max_file_size": _size,
     "allow_other": _boolean,
     "log_level": _log_level,
+    "as": _view,
     "options": _options,
     "s3": _s3,
 }
+#: keys whose field in :class:`MountConfig` has another name (``as`` is a Python keyword)
+_FIELDS = {"as": "view"}
 
 
 # == S3 settings on a source ======================================================================

@@ -41,6 +41,7 @@ from n5fs.cli.status import run_status
 from n5fs.errors import InvalidSource, N5fsError
 from n5fs.fuse_front.mounts import MountFailed, is_stale, mount_entry, unmount
 from n5fs.fuse_front.options import VALIDATE_MODES, parse_seconds, parse_size
+from n5fs.views import VIEW_FORMATS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,11 +70,14 @@ def serve_plan(
     from n5fs.fuse_front.mount import serve
     from n5fs.fuse_front.options import fuse_options, loop_options, render
     from n5fs.gateway import Gateway, GatewayConfig
+    from n5fs.views import NATIVE, open_view
 
-    source = open_cli_source(plan.source, read_only=plan.read_only)
+    view = plan.options.view
+    read_only = plan.read_only or view != NATIVE  # views are read-only in this stage
+    source = open_cli_source(plan.source, read_only=read_only)
     config = GatewayConfig(
         validate=plan.validate,
-        read_only=plan.read_only,
+        read_only=read_only,
         cache_bytes=plan.cache_bytes,
         ttl=plan.ttl,
         staging_bytes=plan.staging_bytes,
@@ -95,6 +99,7 @@ def serve_plan(
         "source": plan.source,
         "mode": "ro" if gateway.read_only else "rw",
         "validate": plan.validate,
+        "view": view,
         "pid": os.getpid(),
         "started": time.time(),
         "log_file": plan.log_file,
@@ -117,7 +122,7 @@ def serve_plan(
 
     try:
         serve(
-            gateway,
+            gateway if view == NATIVE else open_view(gateway, view),
             plan.mountpoint,
             fuse,
             on_ready=ready,
@@ -144,6 +149,8 @@ def run_mount(args: argparse.Namespace) -> int:
                 "the --config file"
             )
     args.source = source_from_args(args)
+    if args.view is not None:  # after -o and the config file: the flag wins
+        args.options = [*(args.options or []), f"as={args.view}"]
     if args.log_level is not None:
         logging.getLogger("n5fs").setLevel(args.log_level.upper())
     if args.foreground:
@@ -339,8 +346,9 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         help="comma-separated, e.g. -o ro,cache_size=1G: ro, allow_other (brings "
         "default_permissions; no_default_permissions drops it), nonempty (mount over a "
         "directory with files, hiding them), show_control (list MOUNTPOINT/.n5fs, which "
-        "is reachable by its path either way), validate=MODE, durable=fsync|commit (when "
-        "a commit to a local store is on disk: at fsync/unmount, or before close returns), "
+        "is reachable by its path either way), as=FORMAT (see --as), validate=MODE, "
+        "durable=fsync|commit (when a commit to a local store is on disk: at fsync/unmount, "
+        "or before close returns), "
         "cache_size=SIZE, "
         "cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE, s3_connect_timeout=SECONDS, "
         "s3_read_timeout=SECONDS, s3_retries=N; others go to libfuse",
@@ -350,6 +358,17 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         action="store_true",
         help="same as -o ro: every write fails with EROFS, the kernel keeps the page cache "
         "(n5fs mount --read-only s3://bucket/vol/ /mnt/v)",
+    )
+    p.add_argument(
+        "--as",
+        dest="view",
+        choices=VIEW_FORMATS,
+        default=None,
+        metavar="FORMAT",
+        help="show the store in another format, read-only (same as -o as=FORMAT): zarr3 or "
+        "zarr2 (N5 datasets and Zarr arrays of the other version as Zarr arrays, sharded v3 "
+        "arrays as plain v2 ones), npy (every array as one ARRAY.npy file); native (default) "
+        "is the store as it is (n5fs mount /data/vol.n5 /mnt/v --as zarr3)",
     )
     p.add_argument(
         "--allow-other",

@@ -23,6 +23,9 @@ Two more choices guard other users and the data under the mount point:
 ``commit`` before every ``close()`` returns, at two fsyncs per file (docs/semantics.md,
 "Durability"). Atomicity is the same either way.
 
+``as=zarr3|zarr2|npy`` (n5fs's own, ``--as``) mounts a read-only view of the store in that
+format (docs/semantics.md, "Views"); ``as=native`` is the default.
+
 ``show_control`` (n5fs's own) lists ``/.n5fs/`` in the root folder. Without it the control
 folder is reachable by its path only (ZFS's ``snapdir=hidden``), so ``cp -r``, ``tar`` and
 ``rsync`` of a mount do not carry rejections and stats along; a file manager user who wants
@@ -108,6 +111,8 @@ class MountOptions:
     show_control: bool = False
     #: ``-o durable=``: when a commit to a local file store is on disk (fsync or commit)
     durable: str = DURABLE_MODES[0]
+    #: ``-o as=``: the format the mount shows (``native``: the store's own; a view is read-only)
+    view: str = "native"
     fuse: dict[str, FuseValue] = field(default_factory=dict)
 
 
@@ -143,6 +148,10 @@ def _apply(opts: MountOptions, name: str, value: str | None) -> None:
         opts.validate = parse_validate(value)
     elif name == "durable" and value is not None:
         opts.durable = parse_durable(value)
+    elif name == "as" and value is not None:
+        from n5fs.views import parse_view  # light: the views load when one is mounted
+
+        opts.view = parse_view(value)
     elif name == "cache_size" and value is not None:
         opts.cache_bytes = parse_size(value)
     elif name == "cache_ttl" and value is not None:
