@@ -550,3 +550,57 @@ def test_detect_as_prints_the_view(source: Path, capsys: pytest.CaptureFixture[s
     text = capsys.readouterr().out
     assert "n5/ts/raw/2d.npy" in text
     assert "left out" in text
+
+
+# == edges: implicit N5 groups, 0-d arrays, varlength blocks ======================================
+
+
+def test_implicit_n5_groups_and_0d_arrays(tmp_path: Path) -> None:
+    root = tmp_path / "src"
+    z5py.File(str(root / "n5"), mode="w").attrs["note"] = "root"
+    deep = values_for((5, 3), "uint16")  # TensorStore writes no group attributes above it
+    tensorstore_n5(root / "n5/deep/inner/ds", deep, [2, 2], {"type": "raw"})
+    zarr.create_array(str(root / "v2s"), shape=(), dtype="float32", zarr_format=2)[...] = 3.25
+    zarr.create_array(str(root / "v3s"), shape=(), dtype="int16", zarr_format=3)[...] = 7
+    for fmt in ("zarr3", "zarr2"):
+        view, _ = view_of(root, fmt)
+        copy = tmp_path / fmt
+        copy_out(view, copy)
+        version = int(fmt[-1])
+        assert (
+            zarr.open_group(str(copy / "n5"), mode="r", zarr_format=version).attrs["note"] == "root"
+        )
+        inner = zarr.open_group(str(copy / "n5/deep/inner"), mode="r", zarr_format=version)
+        np.testing.assert_array_equal(inner["ds"][...], deep.T)
+        scalar = "v2s" if fmt == "zarr3" else "v3s"
+        got = zarr.open_array(str(copy / scalar), mode="r", zarr_format=version)[...]
+        assert got == (3.25 if scalar == "v2s" else 7)
+    view, _ = view_of(root, "npy")
+    assert view.read_file("/v3s.npy")[-2:] == np.int16(7).tobytes()
+    assert {name for name, _ in view.readdir("/n5/deep/inner")} == {"ds.npy", "ds.json"}
+
+
+def test_a_varlength_n5_block_is_served_decoded_around_the_page_cache(tmp_path: Path) -> None:
+    """N5 Java writes varlength mode for blocks whose count differs from their dims; one
+    whose count fills them is valid, and its header is 4 bytes longer than the listed size
+    assumed: the view serves it decoded and tells the kernel to read around its pages."""
+    from n5fs.codecs.n5_header import encode_header
+    from n5fs.gateway.reader import PageCache
+
+    root = tmp_path / "src"
+    values = values_for((3, 4), "uint16")  # TensorStore: N5 dimensions [3, 4]; the view 4 x 3
+    tensorstore_n5(root / "ds", values, [2, 2], {"type": "gzip"})
+    block = values[0:2, 0:2].astype(">u2").tobytes(order="F")  # N5 payload: first axis fastest
+    gz = zlib.compressobj(6, zlib.DEFLATED, 31)
+    (root / "ds/0/0").write_bytes(
+        encode_header([2, 2], num_elements=4) + gz.compress(block) + gz.flush()
+    )
+    view, _ = view_of(root, "zarr3")
+    fh = view.open("/ds/0.0", os.O_RDONLY)
+    assert view.page_cache(fh) is PageCache.BYPASS
+    data = view.read(fh, 1 << 20, 0)
+    view.release(fh)
+    assert bytes(numcodecs.GZip().decode(data)) == values.T[0:2, 0:2].astype(">u2").tobytes()
+    npy, _ = view_of(root, "npy")
+    tail = npy.read_file("/ds.npy")[-values.nbytes :]
+    assert np.frombuffer(tail, ">u2").reshape(4, 3).tolist() == values.T.tolist()
