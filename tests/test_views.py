@@ -604,3 +604,37 @@ def test_a_varlength_n5_block_is_served_decoded_around_the_page_cache(tmp_path: 
     npy, _ = view_of(root, "npy")
     tail = npy.read_file("/ds.npy")[-values.nbytes :]
     assert np.frombuffer(tail, ">u2").reshape(4, 3).tolist() == values.T.tolist()
+
+
+def test_parallel_reads_of_one_chunk_decode_it_once(tmp_path: Path) -> None:
+    """The kernel reads a file in parallel pieces: four readers of one chunk, whose GET is
+    slow, share one GET and one decode."""
+    import threading
+    import time
+
+    root = tmp_path / "src"
+    tensorstore_n5(root / "ds", ramp((64, 64)), [64, 64], {"type": "gzip"})
+
+    class Slow(CountingStore):
+        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+            time.sleep(0.2)
+            return super().get(key, byte_range)
+
+    store = Slow(open_store(str(root)))
+    view = open_view(Gateway(store, GatewayConfig(read_only=True)), "npy")
+    handles = [view.open("/ds.npy", os.O_RDONLY) for _ in range(4)]
+    start = threading.Barrier(4)
+    pieces: list[bytes] = []
+
+    def read(fh: int) -> None:
+        start.wait()
+        pieces.append(view.read(fh, 4096, 2048))
+
+    threads = [threading.Thread(target=read, args=(fh,)) for fh in handles]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(pieces)) == 1
+    assert store.gets == [("ds/0/0", None)]
+    assert view.stats()["decoded"] == 1

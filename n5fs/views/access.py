@@ -14,12 +14,16 @@ read afresh, and the mount's memory stays within one ``cache_size`` budget.
 
 Counters (``source_reads``, ``translated``, ``decoded``...) say what the view did; they are
 what ``/.n5fs/view.json`` shows and what tests count. Thread-safe: the gateway's caches are,
-and :class:`~n5fs.gateway.cache.Counters` locks.
+:class:`~n5fs.gateway.cache.Counters` locks, and a computation runs single-flight (the
+kernel reads a file in parallel 128 KiB pieces: threads asking for one chunk's decoded values
+wait for one decode). A follower whose leader's result was not cached (too large for the LRU,
+or overtaken) computes its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import TYPE_CHECKING
 
 from n5fs.detect import Folder, FolderKind
@@ -50,6 +54,9 @@ class SourceAccess:
         self.detector = gateway.detector
         self.cache = gateway.reader.cache
         self.counters = Counters(*COUNTERS)
+        #: computations under way, by cache tag (``_lock``: a leaf lock, dictionary work only)
+        self._flights: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
 
     # -- names ---------------------------------------------------------------------------------
 
@@ -107,11 +114,27 @@ class SourceAccess:
         data = self.cache.get(tag, version)
         if data is not None:
             return data
-        ticket = self.cache.ticket(tag)
-        data = make()
-        if data is not None:
-            self.cache.fill(ticket, version, data)
-        return data
+        with self._lock:
+            flight = self._flights.get(tag)
+            leader = flight is None
+            if flight is None:
+                flight = self._flights[tag] = threading.Event()
+        if not leader:  # the kernel's parallel reads of one chunk: one decode for all
+            flight.wait()
+            data = self.cache.get(tag, version)
+            if data is not None:
+                return data
+        try:
+            ticket = self.cache.ticket(tag)
+            data = make()
+            if data is not None:
+                self.cache.fill(ticket, version, data)
+            return data
+        finally:
+            if leader:
+                with self._lock:
+                    del self._flights[tag]
+                flight.set()
 
     def _fetched(self, nbytes: int) -> None:
         self.counters.add("source_reads")
