@@ -139,30 +139,33 @@ class _Ranges:
 
 
 class _Memory:
-    """The overlay in a bytearray whose length (its capacity) is reserved from the budget.
-    Bytes past the staged size and past the bytearray's end are zeros."""
+    """The overlay in a bytearray, ``reserved`` bytes of the budget held for it (at least its
+    length). Bytes past the staged size and past the bytearray's end are zeros."""
 
     def __init__(self, budget: StagingBudget) -> None:
         self.buf = bytearray()
+        self.reserved = 0
         self._budget = budget
 
     def grow(self, end: int, limit: int) -> bool:
-        """Room for bytes up to ``end``, or False (the budget said no). Grows geometrically
-        up to ``limit``: bytearray's own growth (1/8) would copy a sequentially written chunk
-        many times over."""
-        have = len(self.buf)
-        if end <= have:
+        """Room for bytes up to ``end``, or False (the budget said no). The reservation grows
+        geometrically up to ``limit`` (one budget call per doubling, not per write); the
+        bytearray grows by what is written, never filled with zeros ahead of it (the
+        copies and page faults of zero-filling were a third of a sequential write's cost)."""
+        if end <= self.reserved:
             return True
-        want = min(max(end, 2 * have), max(limit, end))
-        if not self._budget.reserve(want - have):
+        want = min(max(end, 2 * self.reserved), max(limit, end))
+        if not self._budget.reserve(want - self.reserved):
             want = end
-            if not self._budget.reserve(want - have):
+            if not self._budget.reserve(want - self.reserved):
                 return False
-        self.buf.extend(bytes(want - have))
+        self.reserved = want
         return True
 
     def pwrite(self, data: bytes | memoryview, offset: int) -> None:
-        self.buf[offset : offset + len(data)] = data  # grow() made room
+        if offset > len(self.buf):  # a write past the end: the gap reads as zeros
+            self.buf += bytes(offset - len(self.buf))
+        self.buf[offset : offset + len(data)] = data  # grow() reserved the room
 
     def pread(self, offset: int, size: int) -> bytes:
         data = bytes(memoryview(self.buf)[offset : offset + size])
@@ -170,8 +173,10 @@ class _Memory:
 
     def truncate(self, length: int) -> None:
         if length < len(self.buf):
-            self._budget.release(len(self.buf) - length)
             del self.buf[length:]
+        if length < self.reserved:
+            self._budget.release(self.reserved - length)
+            self.reserved = length
 
     def close(self) -> None:
         self.truncate(0)
