@@ -3,7 +3,8 @@
 ``native`` (the default) is the store as it is: the gateway itself. ``zarr3`` and ``zarr2``
 show every N5 dataset and every Zarr array of the other version as a Zarr array of that
 version (:mod:`n5fs.views.zarr`); ``npy`` shows every array as one ``.npy`` file
-(:mod:`n5fs.views.npy`). A view sits between the gateway and the FUSE front
+(:mod:`n5fs.views.npy`); ``n5`` shows every numeric Zarr array as an N5 dataset
+(:mod:`n5fs.views.n5`). A view sits between the gateway and the FUSE front
 (:class:`~n5fs.views.base.View`) and is read-only in this stage.
 
 This module stays light (the CLI reads ``--as`` with it before anything is mounted); the
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
 __all__ = ["NATIVE", "VIEW_FORMATS", "make_tree", "open_view", "parse_view"]
 
 NATIVE = "native"
-#: what ``--as`` accepts (``n5`` comes with writes through views)
-VIEW_FORMATS = (NATIVE, "zarr3", "zarr2", "npy")
+#: what ``--as`` accepts
+VIEW_FORMATS = (NATIVE, "zarr3", "zarr2", "npy", "n5")
 
 
 def parse_view(text: str) -> str:
@@ -39,6 +40,7 @@ def parse_view(text: str) -> str:
 def make_tree(gateway: Gateway, fmt: str) -> ViewTree:
     """The namespace of view ``fmt`` (not ``native``) over ``gateway``."""
     from n5fs.views.access import SourceAccess
+    from n5fs.views.n5 import N5Tree
     from n5fs.views.npy import NpyTree
     from n5fs.views.zarr import ZarrTree
 
@@ -46,6 +48,8 @@ def make_tree(gateway: Gateway, fmt: str) -> ViewTree:
     if fmt == NATIVE:
         raise ValueError("the native view is the gateway itself")
     access = SourceAccess(gateway)
+    if fmt == "n5":
+        return N5Tree(access)
     return NpyTree(access) if fmt == "npy" else ZarrTree(access, fmt)
 
 

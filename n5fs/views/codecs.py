@@ -179,11 +179,88 @@ def v3_to_v2(bytes_bytes: tuple[BytesBytesCodec, ...]) -> ViewCodec:
     return raw(ZARR2, f"Zarr v3 codec {codec.name!r} has no Zarr v2 compressor")
 
 
+# == Zarr -> N5 (``--as n5``) =====================================================================
+
+N5 = "n5"
+N5_RAW = {"type": "raw"}
+
+
+def _n5_raw(why: str = "") -> ViewCodec:
+    return ViewCodec(dict(N5_RAW), passthrough=not why, why=why)
+
+
+def _n5_gzip(level: int, use_zlib: bool) -> ViewCodec:
+    config = {"type": "gzip", "level": _level(level), "useZlib": use_zlib}
+    return ViewCodec(config, True, stored.ZLIB if use_zlib else stored.GZIP)
+
+
+def _n5_zstd(level: int) -> ViewCodec:
+    return ViewCodec({"type": "zstd", "level": level}, True, stored.ZSTD)
+
+
+def _n5_blosc(cname: str, clevel: int, shuffle: int, blocksize: int, itemsize: int) -> ViewCodec:
+    config = {"type": "blosc", "cname": cname, "clevel": clevel, "shuffle": shuffle}
+    config["blocksize"] = blocksize
+    return ViewCodec(config, True, stored.blosc_frame(itemsize))
+
+
+def n5_from_v2(pipeline: V2Pipeline, itemsize: int) -> ViewCodec:
+    """A Zarr v2 array's filters and compressor as an N5 ``compression``: gzip, zlib (N5
+    gzip with ``useZlib``), zstd and blosc payloads are the same streams in both formats."""
+    if pipeline.filters:
+        return _n5_raw("N5 has no filters")
+    compressor, _ = pipeline.configs()
+    if compressor is None:
+        return _n5_raw()
+    kind = compressor.get("id")
+    if kind in ("gzip", "zlib"):
+        level = int(compressor.get("level", _DEFAULT_DEFLATE_LEVEL))
+        return _n5_gzip(level, kind == "zlib")
+    if kind == "zstd":
+        return _n5_zstd(int(compressor.get("level", 0)))
+    if kind == "blosc":
+        c = compressor
+        shuffle = int(c["shuffle"])
+        return _n5_blosc(
+            str(c["cname"]),
+            int(c["clevel"]),
+            shuffle if 0 <= shuffle <= 2 else 1,
+            int(c.get("blocksize", 0)),
+            itemsize,
+        )
+    return _n5_raw(f"Zarr v2 compressor {kind!r} has no N5 compression every reader reads")
+
+
+def n5_from_v3(bytes_bytes: tuple[BytesBytesCodec, ...], itemsize: int) -> ViewCodec:
+    """A Zarr v3 chain's bytes-to-bytes codecs as one N5 ``compression``."""
+    if not bytes_bytes:
+        return _n5_raw()
+    if len(bytes_bytes) > 1:
+        names = ", ".join(c.name for c in bytes_bytes)
+        return _n5_raw(f"N5 holds one compression, not {names}")
+    codec = bytes_bytes[0]
+    if isinstance(codec, GzipCodec):
+        return _n5_gzip(codec.level, False)
+    if isinstance(codec, ZstdCodec):
+        return _n5_zstd(codec.level)
+    if isinstance(codec, BloscCodec):
+        shuffle = _SHUFFLE_NAMES.index(codec.shuffle)
+        return _n5_blosc(codec.cname, codec.clevel, shuffle, codec.blocksize, itemsize)
+    return _n5_raw(f"Zarr v3 codec {codec.name!r} has no N5 compression")
+
+
+def n5_transcoded(why: str) -> ViewCodec:
+    """Every block decoded and served raw (the source's layout or byte order is not N5's)."""
+    return _n5_raw(why)
+
+
 def summary(codec: ViewCodec) -> str:
     """One short line for ``detect --as``: the declared codec, and transcoding if any."""
     config = codec.config
     if isinstance(config, list):
         names = [str(c["name"]) for c in config]
+    elif isinstance(config, dict) and "type" in config:  # an N5 compression
+        names = [str(config["type"])]
     else:
         names = [] if config is None else [str(config["id"])]
     text = ", ".join(names) or "raw"
