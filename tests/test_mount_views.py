@@ -5,7 +5,8 @@ zarr drivers read every N5 dataset TensorStore and z5py wrote (every compression
 odd shapes, a sparse one) and get what the source format's own reader gets, transposed;
 zarr-python (zarr_format=2) reads sharded v3 arrays through ``--as zarr2``; ``np.load(...,
 mmap_mode="r")`` reads N5, v2 and v3 arrays through ``--as npy``, and a slice of a large one
-decodes only the chunks its pages touch (the view's own counters, ``/.n5fs/view.json``).
+decodes only the chunks its pages touch (the view's own counters, ``/.n5fs/view.json``);
+TensorStore's n5 driver and z5py read Zarr v2/v3 arrays (sharded too) through ``--as n5``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import zarr
 
 from tests.mounting import Mounter
 from tests.test_views import expected, n5_names, write_sources
+from tests.test_views_n5 import LEFT_OUT, SHOWN, zarr_values
+from tests.test_views_n5 import write_sources as write_zarr_for_n5
 from tests.writers import ramp, tensorstore_n5
 
 pytestmark = [
@@ -115,3 +118,24 @@ def test_npy_view_loads_with_mmap_and_reads_only_touched_chunks(
     attrs = json.loads((mp / "n5/z5/gzip/3d.json").read_text())
     assert attrs == {"resolution": [4, 4, 4]}
     assert_read_only(mp, f"{BIG}.npy")
+
+
+def test_n5_view_reads_zarr_arrays_with_tensorstore_and_z5py(
+    mounter: Mounter, tmp_path: Path
+) -> None:
+    import z5py
+
+    root = tmp_path / "zarr-src"
+    write_zarr_for_n5(root)
+    mp = mounter.foreground(str(root), "--as", "n5")
+    f = z5py.File(str(mp), mode="r", use_zarr_format=False)
+    for name in SHOWN:
+        want = zarr_values(root, name)
+        np.testing.assert_array_equal(f[name][...], want, err_msg=f"z5py {name}")
+        spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(mp / name)}}
+        got = ts.open(spec).result().read().result()
+        np.testing.assert_array_equal(got, want.T, err_msg=f"TensorStore {name}")
+    assert json.loads((mp / "attributes.json").read_text())["n5"] == "4.0.0"
+    assert not any((mp / name).exists() for name in LEFT_OUT)
+    assert sorted(p.name for p in (mp / "v3/sparse").iterdir()) == ["2", "3", "attributes.json"]
+    assert_read_only(mp, "v3/big_gzip/attributes.json")

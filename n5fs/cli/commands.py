@@ -369,7 +369,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         choices=VIEW_FORMATS,
         default=None,
         metavar="FORMAT",
-        help="print the tree as n5fs mount --as FORMAT shows it (zarr3, zarr2, npy): each "
+        help="print the tree as n5fs mount --as FORMAT shows it (zarr3, zarr2, npy, n5): each "
         "array's shape, chunks and codecs in that format, and the arrays the view leaves out "
         "with the reason",
     )

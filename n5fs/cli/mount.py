@@ -367,7 +367,8 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="FORMAT",
         help="show the store in another format, read-only (same as -o as=FORMAT): zarr3 or "
         "zarr2 (N5 datasets and Zarr arrays of the other version as Zarr arrays, sharded v3 "
-        "arrays as plain v2 ones), npy (every array as one ARRAY.npy file); native (default) "
+        "arrays as plain v2 ones), npy (every array as one ARRAY.npy file), n5 (numeric Zarr "
+        "arrays as N5 datasets); native (default) "
         "is the store as it is (n5fs mount /data/vol.n5 /mnt/v --as zarr3)",
     )
     p.add_argument(

@@ -23,7 +23,7 @@ Two more choices guard other users and the data under the mount point:
 ``commit`` before every ``close()`` returns, at two fsyncs per file (docs/semantics.md,
 "Durability"). Atomicity is the same either way.
 
-``as=zarr3|zarr2|npy`` (n5fs's own, ``--as``) mounts a read-only view of the store in that
+``as=zarr3|zarr2|npy|n5`` (n5fs's own, ``--as``) mounts a read-only view of the store in that
 format (docs/semantics.md, "Views"); ``as=native`` is the default.
 
 ``show_control`` (n5fs's own) lists ``/.n5fs/`` in the root folder. Without it the control
