@@ -270,3 +270,35 @@ def test_detect_as_n5_lists_left_out_arrays(
     assert nodes["ts/sharded_big"]["chunks"] == [4, 2, 3]
     assert main(["detect", str(source), "--as", "n5"]) == 0
     assert "left out: fill value -1 is not 0" in capsys.readouterr().out
+
+
+def test_mixed_tree_native_n5_kept_and_edges(tmp_path: Path) -> None:
+    """An N5 container inside a Zarr group is shown as stored; 0-d arrays and a crc32c
+    chain are handled; the root group's attributes carry the N5 version."""
+    from tests.writers import tensorstore_n5
+
+    root = tmp_path / "src"
+    g = zarr.open_group(str(root), mode="w", zarr_format=3)
+    g.attrs["title"] = "mixed"
+    g.create_array("scalar", shape=(), dtype=">i4", serializer=BIG)[()] = 5
+    crc = g.create_array("crc", shape=(7, 5), chunks=(4, 4), dtype=">i2", serializer=BIG,
+                         compressors=zarr.codecs.Crc32cCodec())  # fmt: skip
+    crc[...] = values_for((7, 5), "int16")
+    n5_values = values_for((6, 9), "uint16")
+    tensorstore_n5(root / "inner/ds", n5_values, [4, 4], {"type": "zstd", "level": 2})
+    view, _ = view_of(root, "n5")
+    dest = tmp_path / "copy"
+    copy_out(view, dest)
+    assert json.loads((dest / "attributes.json").read_text()) == {"title": "mixed", "n5": "4.0.0"}
+    assert not (dest / "scalar").exists()
+    stored = sorted(p.relative_to(root / "inner/ds") for p in (root / "inner/ds").rglob("*"))
+    assert sorted(p.relative_to(dest / "inner/ds") for p in (dest / "inner/ds").rglob("*")) == stored
+    for path, want in (("inner/ds", n5_values), ("crc", crc[...].T)):
+        spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(dest / path)}}
+        np.testing.assert_array_equal(ts.open(spec).result().read().result(), want, err_msg=path)
+    doc = json.loads((dest / "crc/attributes.json").read_text())
+    assert doc["compression"] == {"type": "raw"}
+    nodes = {n["path"]: n for n in view.tree.describe()}
+    assert nodes["scalar"]["reason"] == "N5 has no 0-d datasets"
+    assert "crc32c" in nodes["crc"]["codecs"]
+    assert nodes["inner/ds"]["codecs"].startswith("as stored")
