@@ -7,8 +7,12 @@ page cache and local descriptors included; what the view makes (metadata documen
 translated chunks, ``.npy`` files) it serves from its own open handles, numbered apart from
 the gateway's (from ``2**40``), so one ``fh`` never means two files.
 
-Views are read-only in this stage: every call that would change something answers EROFS
-(:class:`~n5fs.errors.ReadOnly`), before the gateway is asked. The control folder
+A Zarr view (``zarr3``, ``zarr2``) of a writable N5 store takes writes: they are staged and
+translated into native N5 by :class:`~n5fs.views.writes.ViewWrites` (its own handles, from
+``2**41``), and committed through the gateway. Every other view (``npy``, Zarr over Zarr, a
+read-only store) answers EROFS (:class:`~n5fs.errors.ReadOnly`) to every call that would
+change something, before the gateway is asked; so does a writable view outside an N5
+hierarchy. The control folder
 ``/.n5fs/`` is the gateway's, plus ``view.json``: what the view did (source reads, chunks
 translated, units decoded), for ``cat`` and for tests.
 
@@ -18,15 +22,17 @@ contents are immutable once made; the tree and the gateway are thread-safe.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from n5fs.errors import IsAPrefix, KeyNotFound, NotAPrefix, ReadOnly
+from n5fs.errors import IsAPrefix, KeyExists, KeyNotFound, NotAPrefix, ReadOnly
 from n5fs.gateway.namespace import CONTROL, Attr, EntryKind, is_control, path_to_key
 from n5fs.gateway.reader import PageCache
+from n5fs.views.writes import ViewWrites
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -44,11 +50,11 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 class View:
     """The store seen through ``tree`` (see the module docs)."""
 
-    read_only = True
-
     def __init__(self, gateway: Gateway, tree: ViewTree) -> None:
         self.gateway = gateway
         self.tree = tree
+        self.writes = _writes_for(gateway, tree)
+        self.read_only = self.writes is None
         self._open: dict[int, Content] = {}
         self._fh = itertools.count(VIEW_HANDLES)
         self._lock = threading.Lock()
@@ -63,6 +69,9 @@ class View:
     def _entry(self, path: str) -> tuple[str, Entry]:
         key = path_to_key(path)
         entry = self.tree.entry(key)
+        alias = None if entry is not None or self.writes is None else self.writes.alias(key)
+        if alias is not None:
+            entry = self.tree.entry(alias)
         if entry is None:
             raise KeyNotFound(f"no such file or directory in the {self.format} view: {path}")
         return key, entry
@@ -75,10 +84,17 @@ class View:
             return Attr(EntryKind.FILE, len(self._stats()), writable=False)
         if is_control(key):
             return self.gateway.stat(path)
+        staged = None if self.writes is None else self.writes.stat(key)
+        if staged is not None:
+            return staged
         _, entry = self._entry(path)
         if entry.native and entry.kind is EntryKind.FILE:
             return self.gateway.stat(path)  # the gateway's mtime rules (S3 keeps utimens apart)
-        return entry.attr
+        return self._writable(entry.attr)
+
+    def _writable(self, attr: Attr) -> Attr:
+        """A writable view's entries may be written (the kernel checks the mode bits)."""
+        return attr if self.read_only else dataclasses.replace(attr, writable=True)
 
     def lookup(self, path: str) -> Attr | None:
         try:
@@ -93,10 +109,16 @@ class View:
             if key == CONTROL:
                 listing.append((VIEW_STATS.rpartition("/")[2], self.stat("/" + VIEW_STATS)))
             return sorted(listing)
+        staged = None if self.writes is None else self.writes.stat(key)
+        if staged is not None and staged.kind is EntryKind.DIR:
+            return sorted(self.writes.names(key)) if self.writes is not None else []
         _, entry = self._entry(path)
         if entry.kind is not EntryKind.DIR:
             raise NotAPrefix(f"not a directory: {path}")
-        return [(name, child.attr) for name, child in self.tree.children(key)]
+        shown = {name: self._writable(child.attr) for name, child in self.tree.children(key)}
+        if self.writes is not None:
+            shown.update(self.writes.names(key))
+        return sorted(shown.items())
 
     def readlink(self, path: str) -> str:
         _, entry = self._entry(path)
@@ -107,9 +129,10 @@ class View:
     # == files ====================================================================================
 
     def open(self, path: str, flags: int) -> int:
-        if flags & _WRITE_FLAGS:
-            raise self._refuse("write", path)
         key = path_to_key(path)
+        staged = self.writes is not None and self.writes.stat(key) is not None
+        if flags & _WRITE_FLAGS or staged:
+            return self._open_writing(path, key, flags)
         if key == VIEW_STATS:
             data = self._stats()
             return self._add(_Uncached(data))
@@ -121,6 +144,31 @@ class View:
         if entry.native or entry.open is None:
             return self.gateway.open(path, flags)
         return self._add(entry.open())
+
+    def _open_writing(self, path: str, key: str, flags: int) -> int:
+        """A write handle: the gateway's for a native file, else a staged view file."""
+        writes = self._writes("write", path, key)
+        if writes.stat(key) is not None:
+            return writes.open(key, flags, None)
+        entry = self.tree.entry(key)
+        if entry is None:
+            raise KeyNotFound(f"no such file or directory in the {self.format} view: {path}")
+        if entry.kind is EntryKind.DIR:
+            raise IsAPrefix(f"is a directory: {path}")
+        if entry.native:
+            return self.gateway.open(path, flags)
+        current = None if flags & os.O_TRUNC else self.read_file(path)
+        return writes.open(key, flags, current)
+
+    def _writes(self, what: str, path: str, key: str) -> ViewWrites:
+        """The view's writes, where ``key`` may be written; else EROFS."""
+        if self.writes is None or is_control(key):
+            raise self._refuse(what, path)
+        if not self.writes.in_n5(key):
+            raise ReadOnly(
+                f"the --as {self.format} view writes into N5 hierarchies only: cannot {what} {path}"
+            )
+        return self.writes
 
     def _add(self, content: Content) -> int:
         with self._lock:
@@ -137,6 +185,8 @@ class View:
         return content
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
+        if self.writes is not None and self.writes.owns(fh):
+            return self.writes.read(fh, size, offset)
         content = self._content(fh)
         if content is None:
             return self.gateway.read(fh, size, offset)
@@ -151,6 +201,8 @@ class View:
         return fd
 
     def page_cache(self, fh: int) -> PageCache:
+        if self.writes is not None and self.writes.owns(fh):
+            return PageCache.DROP
         content = self._content(fh)
         if content is not None:
             return content.page_cache
@@ -158,57 +210,113 @@ class View:
         return PageCache.DROP if decide is None else PageCache(decide(fh))
 
     def flush(self, fh: int) -> None:
-        if fh < VIEW_HANDLES:
+        if self.writes is not None and self.writes.owns(fh):
+            self.writes.flush(fh)
+        elif fh < VIEW_HANDLES:
             self.gateway.flush(fh)
 
     def fsync(self, fh: int) -> None:
-        if fh < VIEW_HANDLES:
+        if self.writes is not None and self.writes.owns(fh):
+            self.writes.flush(fh)
+        elif fh < VIEW_HANDLES:
             self.gateway.fsync(fh)  # the control file's fsync flushes the store (unmount)
 
     def release(self, fh: int) -> None:
+        if self.writes is not None and self.writes.owns(fh):
+            self.writes.release(fh)
+            return
         if fh < VIEW_HANDLES:
             self.gateway.release(fh)
             return
         with self._lock:
             self._open.pop(fh, None)
 
-    # == what a read-only view refuses ============================================================
+    # == changes (a writable Zarr view over N5; else EROFS) ========================================
 
     def create(self, path: str, flags: int) -> int:
-        raise self._refuse("create", path)
+        key = path_to_key(path)
+        writes = self._writes("create", path, key)
+        if flags & os.O_EXCL and self.lookup(path) is not None:
+            raise KeyExists(f"file exists: {path}")
+        return writes.open(key, flags | os.O_TRUNC, None)
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
+        if self.writes is not None and self.writes.owns(fh):
+            return self.writes.write(fh, data, offset)
+        if fh < VIEW_HANDLES and self.writes is not None:
+            return self.gateway.write(fh, data, offset)  # a native file opened for writing
         raise self._refuse("write", f"handle {fh}")
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> None:
-        raise self._refuse("truncate", path)
+        key = path_to_key(path)
+        writes = self._writes("truncate", path, key)
+        if writes.truncate(key, length):
+            return
+        _, entry = self._entry(path)
+        if not entry.native:
+            raise self._refuse("truncate a file the view makes:", path)
+        self.gateway.truncate(path, length, fh)
 
     def unlink(self, path: str) -> None:
-        raise self._refuse("remove", path)
+        key = path_to_key(path)
+        writes = self._writes("remove", path, key)
+        if writes.unlink(key):
+            return
+        native = writes.native_chunk(key)
+        if native is not None:
+            self.gateway.unlink("/" + native)
+            return
+        _, entry = self._entry(path)
+        if not entry.native:
+            raise self._refuse("remove a file the view makes:", path)
+        self.gateway.unlink(path)
 
     def mkdir(self, path: str) -> None:
-        raise self._refuse("make the directory", path)
+        key = path_to_key(path)
+        writes = self._writes("make the directory", path, key)
+        if self.lookup(path) is not None:
+            raise KeyExists(f"file exists: {path}")
+        if not writes.mkdir(key):
+            self.gateway.mkdir(path)
 
     def rmdir(self, path: str) -> None:
-        raise self._refuse("remove the directory", path)
+        key = path_to_key(path)
+        if not self._writes("remove the directory", path, key).rmdir(key):
+            self.gateway.rmdir(path)
 
     def rename(self, old: str, new: str) -> None:
-        raise self._refuse("rename", f"{old} to {new}")
+        src, dst = path_to_key(old), path_to_key(new)
+        writes = self._writes("rename", old, src)
+        self._writes("rename", new, dst)
+        if not writes.rename(src, dst):
+            raise self._refuse("rename what it did not stage:", f"{old} to {new}")
 
     def link(self, src_path: str, dst_path: str) -> None:
-        raise self._refuse("link", dst_path)
+        src, dst = path_to_key(src_path), path_to_key(dst_path)
+        writes = self._writes("link", dst_path, dst)
+        if self.lookup(dst_path) is not None and not writes.implicit(dst):
+            raise KeyExists(f"file exists: {dst_path}")
+        if not writes.rename(src, dst, keep=True):
+            raise self._refuse("link what it did not stage:", dst_path)
 
     def symlink(self, target: str, path: str) -> None:
         raise self._refuse("make the symlink", path)
 
     def utimens(self, path: str, mtime: float) -> None:
-        raise self._refuse("change the time of", path)
+        key = path_to_key(path)
+        writes = self._writes("change the time of", path, key)
+        if writes.stat(key) is None:
+            self.gateway.utimens(path, mtime)
 
     # == the mount ================================================================================
 
     def subscribe(self, callback: Callable[[Sequence[str]], None]) -> None:
-        """Nothing to announce: a read-only view changes nothing, and what others change
-        in the store reaches the view's readers after the cache TTL, as on a native mount."""
+        """What a writable view commits it announces under its own names (the view file
+        made of it has another size than the one written); a read-only view changes
+        nothing, and what others change in the store reaches the view's readers after the
+        cache TTL, as on a native mount."""
+        if self.writes is not None:
+            self.writes.subscribe(callback)
 
     def statfs(self) -> dict[str, int]:
         return self.gateway.statfs()
@@ -240,6 +348,17 @@ class View:
             return bytes(out)
         finally:
             self.release(fh)
+
+
+def _writes_for(gateway: Gateway, tree: ViewTree) -> ViewWrites | None:
+    """Writes for a Zarr view of a writable store whose root is N5; else None (EROFS)."""
+    from n5fs.views.zarr import ZarrTree
+
+    if gateway.read_only or not isinstance(tree, ZarrTree):
+        return None
+    if tree.access.folder("").fmt != "n5":
+        return None
+    return ViewWrites(gateway, tree)
 
 
 class _Uncached:

@@ -1,0 +1,502 @@
+"""Writes through ``--as zarr3`` / ``--as zarr2`` over an N5 hierarchy: they land as N5.
+
+A Zarr writer in a Zarr view of an N5 store writes Zarr files; each is *staged* in memory
+(bounded by the gateway's :data:`~n5fs.gateway.committer.MAX_VALIDATED_BYTES`) under its view
+name, and *committed* when it is flushed, released or renamed under a name the view
+translates:
+
+- a metadata document (``zarr.json``; ``.zarray``, ``.zgroup``, ``.zattrs``) becomes the
+  folder's N5 ``attributes.json``: dimensions and block size reversed (N5 lists the fastest
+  axis first), ``dataType`` from the Zarr type (either byte order: N5 stores big-endian),
+  ``compression`` from the codec (gzip, zlib as gzip ``useZlib``, zstd, blosc, none), the
+  Zarr attributes beside the dataset keys. A group becomes an N5 group;
+- a chunk (the view's own flat ``z.y.x`` keys, or the keys of the chunk key encoding the
+  writer declared in the document it wrote) is decoded with the codecs of the document it was
+  written for and re-encoded as the N5 block at the reversed position, clipped at the end of
+  the dataset as N5 Java writes it.
+
+Both go to the gateway as ordinary writes of native names, so the commit rules validate them
+like any other commit (and record what they refuse). What N5 cannot hold (a codec N5 lacks,
+a checksum, sharding, a transposition, a type N5 has no name for, a fill value other than 0,
+filters) is refused before anything is written: :class:`~n5fs.errors.Rejected` (EINVAL),
+recorded in the gateway's rejections with the view path and the reason.
+
+Any other name (zarr-python's ``.zarr.json.<uuid>.partial`` temp files) stays staged in the
+view, never stored: a rename or hard link into a committed name commits it; an unlink drops
+it. Folders made inside an array (``c/0`` of the ``default`` key encoding) exist in the view
+only, as N5 keeps its blocks in its own folders. Nothing staged survives the mount.
+
+Thread-safety: ``_lock`` is a leaf lock around the dictionaries; commits run outside it (the
+gateway serializes what it must).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from n5fs.detect import FolderKind
+from n5fs.errors import FileTooLarge, KeyNotFound, PrefixNotEmpty, Rejected
+from n5fs.formats.base import ArrayNode, KeyKind
+from n5fs.formats.n5 import ATTRIBUTES, DATA_TYPES, N5ArrayNode, load_attributes
+from n5fs.formats.zarr2 import Zarr2Format
+from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format
+from n5fs.gateway.committer import MAX_VALIDATED_BYTES
+from n5fs.gateway.namespace import Attr, EntryKind
+from n5fs.kvstore.keys import basename, parent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from n5fs.gateway import Gateway
+    from n5fs.views.zarr import ZarrTree
+
+#: the view's write handles (its read handles start at 2**40)
+WRITE_HANDLES = 1 << 41
+_META = {"zarr3": ("zarr.json",), "zarr2": (".zarray", ".zgroup", ".zattrs")}
+_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+@dataclass
+class _Staged:
+    """One view file being written: its bytes, and whether they changed since the commit."""
+
+    data: bytearray = field(default_factory=bytearray)
+    dirty: bool = True
+    refs: int = 0
+
+
+class _Recorded(Exception):
+    """A refusal of the gateway's commit rules, already in its rejections."""
+
+    def __init__(self, rejected: Rejected) -> None:
+        super().__init__(str(rejected))
+        self.rejected = rejected
+
+
+def _refusal(message: str, path: str, rule: str) -> Rejected:
+    return Rejected(message, path="/" + path, fmt="n5", rule=rule)
+
+
+class ViewWrites:
+    """The staged files of a writable Zarr view and their translation (see module docs)."""
+
+    def __init__(self, gateway: Gateway, tree: ZarrTree) -> None:
+        self.gateway = gateway
+        self.tree = tree
+        self._files: dict[str, _Staged] = {}
+        self._handles: dict[int, str] = {}
+        self._dirs: set[str] = set()
+        #: array prefix -> the Zarr document its writer declared (its chunk keys, its codecs)
+        self._declared: dict[str, ArrayNode] = {}
+        self._fh = itertools.count(WRITE_HANDLES)
+        self._subscribers: list[Callable[[Sequence[str]], None]] = []
+        self._lock = threading.Lock()
+
+    def subscribe(self, callback: Callable[[Sequence[str]], None]) -> None:
+        with self._lock:
+            self._subscribers.append(callback)
+
+    def _changed(self, key: str) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            callback(["/" + key])
+
+    def native_chunk(self, key: str) -> str | None:
+        """The N5 block key a view chunk key names (None: ``key`` names no chunk)."""
+        found = self._chunk(key, parse_doc=False)
+        if found is None:
+            return None
+        prefix, _, n5node, pos = found
+        return prefix + n5node.chunk_key(pos[::-1])
+
+    def implicit(self, key: str) -> bool:
+        """Is ``key`` the document the view makes for a folder N5 holds no metadata for (every
+        N5 folder is a group)? A writer's create-if-absent may take its place."""
+        if basename(key) not in _META[self.tree.name]:
+            return False
+        folder = self.tree.access.folder(parent(key))
+        return folder.kind is FolderKind.GROUP and folder.node is None
+
+    # -- where writes may land -----------------------------------------------------------------
+
+    def in_n5(self, key: str) -> bool:
+        """Is ``key`` below an N5 group or dataset (the nearest folder with a format)?"""
+        folder = parent(key)
+        while True:
+            found = self.tree.access.folder(folder)
+            if found.fmt is not None:
+                return found.fmt == "n5"
+            if not folder:
+                return False
+            folder = parent(folder)
+
+    # -- namespace -----------------------------------------------------------------------------
+
+    def stat(self, key: str) -> Attr | None:
+        with self._lock:
+            staged = self._files.get(key)
+            if staged is not None:
+                return Attr(EntryKind.FILE, len(staged.data))
+            return Attr(EntryKind.DIR) if key in self._dirs else None
+
+    def names(self, folder: str) -> list[tuple[str, Attr]]:
+        """What the view lists in ``folder`` beside the tree: staged files, view folders."""
+        with self._lock:
+            keys = [*self._files, *self._dirs]
+        out = []
+        for key in keys:
+            if parent(key) == folder:
+                attr = self.stat(key)
+                if attr is not None:
+                    out.append((basename(key), attr))
+        return out
+
+    def mkdir(self, key: str) -> bool:
+        """A folder inside an array lives in the view only (True); else the gateway's."""
+        if self._array_of(key) is None:
+            return False
+        with self._lock:
+            self._dirs.add(key)
+        return True
+
+    def rmdir(self, key: str) -> bool:
+        with self._lock:
+            if key not in self._dirs:
+                return False
+            if any(parent(k) == key for k in (*self._files, *self._dirs)):
+                raise PrefixNotEmpty(f"directory not empty: /{key}")
+            self._dirs.discard(key)
+        return True
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def owns(self, fh: int) -> bool:
+        return fh >= WRITE_HANDLES
+
+    def open(self, key: str, flags: int, current: bytes | None) -> int:
+        """A handle writing ``key``: its staged bytes, else ``current`` (None: a new file)."""
+        with self._lock:
+            staged = self._files.get(key)
+            if staged is None:
+                staged = self._files[key] = _Staged(bytearray(current or b""))
+            if flags & os.O_TRUNC:
+                del staged.data[:]
+                staged.dirty = True
+            staged.refs += 1
+            fh = next(self._fh)
+            self._handles[fh] = key
+        return fh
+
+    def _staged(self, fh: int) -> tuple[str, _Staged]:
+        with self._lock:
+            key = self._handles.get(fh)
+            staged = None if key is None else self._files.get(key)
+        if key is None or staged is None:
+            raise KeyNotFound(f"no open file with handle {fh}")
+        return key, staged
+
+    def read(self, fh: int, size: int, offset: int) -> bytes:
+        _, staged = self._staged(fh)
+        return bytes(staged.data[offset : offset + size])
+
+    def write(self, fh: int, data: bytes, offset: int) -> int:
+        key, staged = self._staged(fh)
+        end = offset + len(data)
+        if end > MAX_VALIDATED_BYTES:
+            raise FileTooLarge(f"/{key}: a view file over {MAX_VALIDATED_BYTES} bytes")
+        with self._lock:
+            if len(staged.data) < offset:
+                staged.data.extend(bytes(offset - len(staged.data)))
+            staged.data[offset:end] = data
+            staged.dirty = True
+        return len(data)
+
+    def truncate(self, key: str, length: int) -> bool:
+        with self._lock:
+            staged = self._files.get(key)
+            if staged is None:
+                return False
+            del staged.data[length:]
+            staged.data.extend(bytes(length - len(staged.data)))
+            staged.dirty = True
+        return True
+
+    def flush(self, fh: int) -> None:
+        key, staged = self._staged(fh)
+        if staged.dirty:
+            self._commit(key, staged)
+
+    def release(self, fh: int) -> None:
+        with self._lock:
+            key = self._handles.pop(fh, None)
+            staged = None if key is None else self._files.get(key)
+            if staged is not None:
+                staged.refs -= 1
+        if key is not None and staged is not None and staged.dirty and staged.refs <= 0:
+            with contextlib.suppress(Rejected):  # recorded; the flush before answered EINVAL
+                self._commit(key, staged)
+
+    def unlink(self, key: str) -> bool:
+        """Drop a staged file (True), else leave ``key`` to the caller."""
+        with self._lock:
+            return self._files.pop(key, None) is not None
+
+    def rename(self, old: str, new: str, *, keep: bool = False) -> bool:
+        """Move (``keep``: link) a staged file to ``new``, committing it there if it is a
+        name the view translates. False: ``old`` is no staged file."""
+        with self._lock:
+            staged = self._files.get(old)
+            if staged is None:
+                return False
+            moved = _Staged(bytearray(staged.data), True)
+            if not keep:
+                del self._files[old]
+            self._files[new] = moved
+        self._commit(new, moved)
+        return True
+
+    # -- commits -------------------------------------------------------------------------------
+
+    def _commit(self, key: str, staged: _Staged) -> None:
+        """Translate and store ``key`` if the view translates its name (else keep it staged)."""
+        data = bytes(staged.data)
+        try:
+            done = self._translate(key, data)
+        except _Recorded as recorded:
+            with self._lock:
+                self._files.pop(key, None)
+            raise recorded.rejected from None
+        except Rejected as exc:
+            with self._lock:
+                self._files.pop(key, None)
+            if not exc.path:
+                exc = Rejected(exc.message, path="/" + key, fmt=exc.fmt, rule=exc.rule)
+            self.gateway.committer.refused(key, exc)
+            raise exc from None
+        if done:
+            with self._lock:
+                staged.dirty = False
+                if self._files.get(key) is staged and staged.refs <= 0:
+                    del self._files[key]
+            self._changed(key)
+
+    def _translate(self, key: str, data: bytes) -> bool:
+        name = basename(key)
+        if name in _META[self.tree.name] and parent(key) not in self._dirs:
+            self._metadata(key, name, data)
+            return True
+        found = self._chunk(key)
+        if found is None:
+            return False
+        prefix, node, n5node, pos = found
+        assert node is not None
+        values = node.decode_chunk(pos, data)
+        block = n5node.encode_chunk(pos[::-1], np.asarray(values).T)
+        self._native("/" + prefix + n5node.chunk_key(pos[::-1]), block)
+        return True
+
+    def _native(self, path: str, data: bytes) -> None:
+        """Store a native file through the gateway (its commit rules record what they refuse)."""
+        try:
+            self.gateway.write_file(path, data)
+        except Rejected as exc:
+            raise _Recorded(exc) from exc
+
+    def _array_of(self, key: str) -> str | None:
+        """The prefix of the N5 dataset ``key`` lies in, if any."""
+        folder = self.tree.access.folder(parent(key))
+        if folder.kind is FolderKind.CHUNKS and folder.array_prefix is not None:
+            return folder.array_prefix
+        if folder.kind is FolderKind.ARRAY and folder.fmt == "n5":
+            return folder.prefix
+        return None
+
+    def _chunk(
+        self, key: str, *, parse_doc: bool = True
+    ) -> tuple[str, ArrayNode | None, N5ArrayNode, tuple[int, ...]] | None:
+        """(array prefix, the Zarr node the chunk was written for, the dataset, position)."""
+        prefix = self._array_of(key)
+        if prefix is None:
+            return None
+        folder = self.tree.access.folder(prefix)
+        n5node = folder.array
+        if not isinstance(n5node, N5ArrayNode):
+            return None
+        rel = key[len(prefix) :]
+        declared = self._declared.get(prefix)
+        if declared is not None:
+            what = declared.classify(rel)
+            if what.kind is KeyKind.CHUNK and what.in_grid and what.position is not None:
+                return prefix, declared, n5node, what.position
+        plan = self.tree.plan(folder)
+        if isinstance(plan, str):
+            return None
+        pos = plan.parse(rel)
+        if pos is None:
+            return None
+        if not parse_doc:
+            return prefix, None, n5node, pos
+        doc_name = _META[self.tree.name][0]
+        node = self._parse(doc_name, plan.documents[doc_name], prefix + doc_name)
+        assert isinstance(node, ArrayNode)
+        return prefix, node, n5node, pos
+
+    def alias(self, key: str) -> str | None:
+        """The view's key for a chunk named as its writer's declared encoding names it."""
+        prefix = self._array_of(key)
+        declared = None if prefix is None else self._declared.get(prefix)
+        if prefix is None or declared is None:
+            return None
+        what = declared.classify(key[len(prefix) :])
+        if what.kind is not KeyKind.CHUNK or what.position is None:
+            return None
+        pos = what.position
+        return prefix + (".".join(map(str, pos)) if pos else "0")
+
+    def _parse(self, name: str, data: bytes, key: str) -> Any:
+        fmt = Zarr3Format() if self.tree.name == "zarr3" else Zarr2Format()
+        return fmt.parse_metadata(name, data, path="/" + key)
+
+    def _metadata(self, key: str, name: str, data: bytes) -> None:
+        folder = parent(key)
+        prefix = folder + "/" if folder else ""
+        current = self._native_attributes(prefix)
+        if name == ".zattrs":
+            doc = _json(data, key)
+            if not isinstance(doc, dict):
+                raise _refusal(".zattrs must be a JSON object", key, "attributes")
+            merged = {k: v for k, v in current.items() if k in _KEPT or k in _DATASET}
+            self._store(prefix, {**merged, **doc})
+            return
+        if name == ".zgroup":
+            self._store(prefix, current)
+            return
+        node = self._parse(name, data, key)
+        if not isinstance(node, ArrayNode):
+            group = {k: v for k, v in current.items() if k in _KEPT}
+            self._store(prefix, {**group, **dict(node.attributes)})
+            return
+        attrs = _dataset(node, _json(data, key), key)
+        user = {k: v for k, v in current.items() if k not in _DATASET}
+        if name == ".zarray":
+            user = {k: v for k, v in user.items() if k not in _KEPT}
+        self._store(prefix, {**user, **dict(node.attributes), **attrs})
+        with self._lock:
+            self._declared[prefix] = node
+
+    def _native_attributes(self, prefix: str) -> dict[str, Any]:
+        try:
+            data = self.gateway.read_file("/" + prefix + ATTRIBUTES)
+        except (KeyNotFound, IsADirectoryError):
+            return {}
+        return load_attributes(data, path="/" + prefix + ATTRIBUTES)
+
+    def _store(self, prefix: str, attrs: dict[str, Any]) -> None:
+        body = (json.dumps(attrs, indent=2) + "\n").encode()
+        self._native("/" + prefix + ATTRIBUTES, body)
+
+
+#: N5 keys a group keeps when a Zarr writer rewrites its attributes
+_KEPT = ("n5",)
+_DATASET = ("dimensions", "blockSize", "dataType", "compression")
+
+
+def _json(data: bytes, key: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise _refusal(f"not JSON: {exc}", key, "json") from exc
+
+
+def _dataset(node: ArrayNode, doc: dict[str, Any], key: str) -> dict[str, Any]:
+    """The N5 dataset keys for a Zarr array document, or why N5 cannot hold the array."""
+    dtype = node.dtype.newbyteorder("=")
+    names = [n for n, code in DATA_TYPES.items() if np.dtype(code) == dtype]
+    if not names or dtype.kind == "b":
+        raise _refusal(f"N5 has no data type for {node.dtype.str}", key, "dataType")
+    fill = node.fill_value if isinstance(node, Zarr3ArrayNode) else _v2_fill(doc)
+    if fill is not None and not (np.asarray(fill, dtype=dtype) == 0).all():
+        raise _refusal(
+            f"fill value {doc.get('fill_value')!r}: N5 reads a missing block as 0, it has "
+            "no other fill value",
+            key,
+            "fill-value",
+        )
+    compression = _v3_compression(doc, key) if "codecs" in doc else _v2_compression(doc, key)
+    return {
+        "dimensions": list(node.shape[::-1]),
+        "blockSize": list(node.chunks[::-1]),
+        "dataType": names[0],
+        "compression": compression,
+    }
+
+
+def _v2_fill(doc: dict[str, Any]) -> Any:
+    return doc.get("fill_value") if isinstance(doc.get("fill_value"), (int, float)) else None
+
+
+def _v3_compression(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    chain = list(doc.get("codecs") or [])
+    names = [c["name"] if isinstance(c, dict) else c for c in chain]
+    if not names or names[0] != "bytes":
+        raise _refusal(
+            f"codec {names[0] if names else 'none'!r} before 'bytes': N5 stores each block as "
+            "its values in order, with no array codec (transpose, sharding_indexed)",
+            key,
+            "codec",
+        )
+    rest = chain[1:]
+    if len(rest) > 1:
+        raise _refusal(f"codecs {names[1:]}: N5 applies one compression per block", key, "codec")
+    if not rest:
+        return {"type": "raw"}
+    codec = rest[0]
+    name = codec["name"] if isinstance(codec, dict) else codec
+    config = dict(codec.get("configuration") or {}) if isinstance(codec, dict) else {}
+    return _compression(name, config, key)
+
+
+def _v2_compression(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    if doc.get("filters"):
+        raise _refusal("Zarr v2 filters: N5 has none", key, "codec")
+    compressor = doc.get("compressor")
+    if compressor is None:
+        return {"type": "raw"}
+    config = dict(compressor)
+    return _compression(str(config.pop("id", "")), config, key)
+
+
+def _compression(name: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+    """The N5 ``compression`` for one Zarr bytes-to-bytes codec."""
+    if name in ("gzip", "zlib"):
+        out: dict[str, Any] = {"type": "gzip", "useZlib": name == "zlib"}
+        if "level" in config:
+            out["level"] = config["level"]
+        return out
+    if name == "zstd":
+        return {"type": "zstd", "level": config.get("level", 3)}
+    if name == "blosc":
+        shuffle = config.get("shuffle", 1)
+        # no typesize: TensorStore refuses it; N5 shuffles by the element size
+        return {
+            "type": "blosc",
+            "cname": config.get("cname", "lz4"),
+            "clevel": config.get("clevel", 5),
+            "shuffle": _SHUFFLE.get(shuffle, shuffle) if isinstance(shuffle, str) else shuffle,
+            "blocksize": config.get("blocksize", 0),
+        }
+    raise _refusal(
+        f"codec {name!r}: N5 has no such compression (it has raw, gzip, zstd, blosc, bzip2, "
+        "xz, lz4)",
+        key,
+        "codec",
+    )
