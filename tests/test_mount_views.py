@@ -139,3 +139,38 @@ def test_n5_view_reads_zarr_arrays_with_tensorstore_and_z5py(
     assert not any((mp / name).exists() for name in LEFT_OUT)
     assert sorted(p.name for p in (mp / "v3/sparse").iterdir()) == ["2", "3", "attributes.json"]
     assert_read_only(mp, "v3/big_gzip/attributes.json")
+
+
+def test_zarr_python_writes_through_zarr3_land_as_n5(mounter: Mounter, tmp_path: Path) -> None:
+    """zarr-python 3 creates and fills an array in an N5 container mounted ``--as zarr3``;
+    TensorStore's n5 driver reads it back transposed from the backing store, which ``n5fs
+    validate`` finds clean; a codec N5 lacks is refused (EINVAL) with a rejection entry."""
+    from n5fs.cli.main import main
+
+    root = tmp_path / "container"
+    tensorstore_n5(root / "old", ramp((4, 6)), [2, 3])
+    (root / "attributes.json").write_text(json.dumps({"n5": "4.0.0"}))
+    mp = mounter.foreground(str(root), "--as", "zarr3")
+    values = (np.arange(9 * 7 * 5).reshape(9, 7, 5) + 1).astype("<i4")
+    group = zarr.open_group(str(mp), mode="a")
+    array = group.create_array(
+        "new", shape=values.shape, chunks=(4, 3, 2), dtype="<i4", attributes={"unit": "nm"}
+    )
+    array[...] = values
+    array[0, 0, :] = 0  # a partial update of a chunk written before: read, changed, rewritten
+    values[0, 0, :] = 0
+    np.testing.assert_array_equal(zarr.open_array(str(mp / "new"), mode="r")[...], values)
+    with pytest.raises(OSError) as caught:
+        group.create_array(
+            "crc", shape=(4,), chunks=(2,), dtype="<i4", compressors=zarr.codecs.Crc32cCodec()
+        )
+    assert caught.value.errno == errno.EINVAL
+    lines = (mp / ".n5fs" / "rejections").read_text().splitlines()
+    refused = [json.loads(line) for line in lines]
+    assert any(r["path"].startswith("/crc/") and r["rule"] == "codec" for r in refused), refused
+
+    spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(root / "new")}}
+    np.testing.assert_array_equal(ts.open(spec).result().read().result(), values.T)
+    assert json.loads((root / "new" / "attributes.json").read_text())["unit"] == "nm"
+    assert not (root / "crc" / "attributes.json").exists()
+    assert main(["validate", str(root)]) == 0

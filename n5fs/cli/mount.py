@@ -73,7 +73,8 @@ def serve_plan(
     from n5fs.views import NATIVE, open_view
 
     view = plan.options.view
-    read_only = plan.read_only or view != NATIVE  # views are read-only in this stage
+    # a Zarr view may write (into an N5 root: the view decides); npy views are read-only
+    read_only = plan.read_only or view not in (NATIVE, "zarr3", "zarr2")
     source = open_cli_source(plan.source, read_only=read_only)
     config = GatewayConfig(
         validate=plan.validate,
@@ -86,9 +87,10 @@ def serve_plan(
         durable=plan.options.durable,
     )
     gateway = Gateway(source.store, config)
+    front = gateway if view == NATIVE else open_view(gateway, view)
     fuse = fuse_options(
         plan.options,
-        read_only=gateway.read_only,
+        read_only=front.read_only,
         ttl=plan.ttl,
         fsname=plan.fsname,
         libfuse_major=LIBFUSE_VERSION[0],
@@ -97,7 +99,7 @@ def serve_plan(
     state = {
         "mountpoint": plan.mountpoint,
         "source": plan.source,
-        "mode": "ro" if gateway.read_only else "rw",
+        "mode": "ro" if front.read_only else "rw",
         "validate": plan.validate,
         "view": view,
         "pid": os.getpid(),
@@ -122,7 +124,7 @@ def serve_plan(
 
     try:
         serve(
-            gateway if view == NATIVE else open_view(gateway, view),
+            front,
             plan.mountpoint,
             fuse,
             on_ready=ready,

@@ -69,9 +69,8 @@ class View:
     def _entry(self, path: str) -> tuple[str, Entry]:
         key = path_to_key(path)
         entry = self.tree.entry(key)
-        alias = None if entry is not None or self.writes is None else self.writes.alias(key)
-        if alias is not None:
-            entry = self.tree.entry(alias)
+        if entry is None and self.writes is not None:
+            entry = self.writes.aliased(key)
         if entry is None:
             raise KeyNotFound(f"no such file or directory in the {self.format} view: {path}")
         return key, entry

@@ -51,6 +51,7 @@ from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format
 from n5fs.gateway.committer import MAX_VALIDATED_BYTES
 from n5fs.gateway.namespace import Attr, EntryKind
 from n5fs.kvstore.keys import basename, parent
+from n5fs.views.tree import Entry, document
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -350,8 +351,10 @@ class ViewWrites:
         assert isinstance(node, ArrayNode)
         return prefix, node, n5node, pos
 
-    def alias(self, key: str) -> str | None:
-        """The view's key for a chunk named as its writer's declared encoding names it."""
+    def aliased(self, key: str) -> Entry | None:
+        """A chunk as its writer's declared document names and encodes it (``c/0/0``, little
+        endian...): the writer of this mount reads back what it wrote in its own terms (a
+        partial update reads the chunk, changes it and writes it again)."""
         prefix = self._array_of(key)
         declared = None if prefix is None else self._declared.get(prefix)
         if prefix is None or declared is None:
@@ -360,7 +363,18 @@ class ViewWrites:
         if what.kind is not KeyKind.CHUNK or what.position is None:
             return None
         pos = what.position
-        return prefix + (".".join(map(str, pos)) if pos else "0")
+        shown = self.tree.entry(prefix + (".".join(map(str, pos)) if pos else "0"))
+        if shown is None or shown.open is None:
+            return None
+        content = shown.open()
+        data = content.read(shown.size, 0)
+        doc_name = _META[self.tree.name][0]
+        plan = self.tree.plan(self.tree.access.folder(prefix))
+        if isinstance(plan, str):
+            return None
+        node = self._parse(doc_name, plan.documents[doc_name], prefix + doc_name)
+        values = node.decode_chunk(pos, data)
+        return document(declared.encode_chunk(pos, values), shown.mtime)
 
     def _parse(self, name: str, data: bytes, key: str) -> Any:
         fmt = Zarr3Format() if self.tree.name == "zarr3" else Zarr2Format()
