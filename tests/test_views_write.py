@@ -261,3 +261,22 @@ def test_read_only_views_and_exclusive_links(tmp_path: Path) -> None:
     put(view, "e/zarr.json", files["e/zarr.json"], exclusive=True)
     with pytest.raises(KeyExists):
         put(view, "e/zarr.json", files["e/zarr.json"], exclusive=True)
+
+
+def test_the_writer_reads_its_chunks_back_in_its_own_encoding(tmp_path: Path) -> None:
+    """zarr-python keeps the document it wrote (``c/0/0`` keys, little-endian): a partial
+    update reads a chunk at that key and must get it in those terms, not the view's."""
+    root = n5_root(tmp_path)
+    view = writable_view(root)
+    values = np.arange(1, 17, dtype="<i4").reshape(4, 4)
+    store = MemoryStore()
+    zarr.open_group(store, mode="a").create_array("p", shape=(4, 4), chunks=(2, 2), dtype="<i4")[
+        ...
+    ] = values
+    written = zarr_files_of(store)
+    replay(view, written)
+    assert view.read_file("/p/c/1/0") == written["p/c/1/0"]
+    assert view.stat("/p/c/1/0").size == len(written["p/c/1/0"])
+    assert view.lookup("/p/c/5/0") is None
+    doc = json.loads(view.read_file("/p/zarr.json"))
+    assert doc["codecs"][0]["configuration"]["endian"] == "big"

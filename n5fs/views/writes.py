@@ -15,16 +15,14 @@ translates:
   written for and re-encoded as the N5 block at the reversed position, clipped at the end of
   the dataset as N5 Java writes it.
 
-Both go to the gateway as ordinary writes of native names, so the commit rules validate them
-like any other commit (and record what they refuse). What N5 cannot hold (a codec N5 lacks,
-a checksum, sharding, a transposition, a type N5 has no name for, a fill value other than 0,
-filters) is refused before anything is written: :class:`~n5fs.errors.Rejected` (EINVAL),
-recorded in the gateway's rejections with the view path and the reason.
+Both go to the gateway as writes of native names: its commit rules validate and record them.
+What N5 cannot hold (a codec it lacks, a checksum, sharding, a transposition, a type it has no
+name for, a fill value other than 0, filters) is refused before anything is written:
+:class:`~n5fs.errors.Rejected` (EINVAL), recorded in the gateway's rejections.
 
-Any other name (zarr-python's ``.zarr.json.<uuid>.partial`` temp files) stays staged in the
-view, never stored: a rename or hard link into a committed name commits it; an unlink drops
-it. Folders made inside an array (``c/0`` of the ``default`` key encoding) exist in the view
-only, as N5 keeps its blocks in its own folders. Nothing staged survives the mount.
+Any other name (zarr-python's ``zarr.<uuid>.partial`` temp files) stays staged in the view,
+never stored: a rename or hard link into a translated name commits it, an unlink drops it.
+Folders made inside an array (``c/0``) exist in the view only: N5 has its own block folders.
 
 Thread-safety: ``_lock`` is a leaf lock around the dictionaries; commits run outside it (the
 gateway serializes what it must).
@@ -127,8 +125,6 @@ class ViewWrites:
         folder = self.tree.access.folder(parent(key))
         return folder.kind is FolderKind.GROUP and folder.node is None
 
-    # -- where writes may land -----------------------------------------------------------------
-
     def in_n5(self, key: str) -> bool:
         """Is ``key`` below an N5 group or dataset (the nearest folder with a format)?"""
         folder = parent(key)
@@ -153,13 +149,8 @@ class ViewWrites:
         """What the view lists in ``folder`` beside the tree: staged files, view folders."""
         with self._lock:
             keys = [*self._files, *self._dirs]
-        out = []
-        for key in keys:
-            if parent(key) == folder:
-                attr = self.stat(key)
-                if attr is not None:
-                    out.append((basename(key), attr))
-        return out
+        found = ((basename(k), self.stat(k)) for k in keys if parent(k) == folder)
+        return [(name, attr) for name, attr in found if attr is not None]
 
     def mkdir(self, key: str) -> bool:
         """A folder inside an array lives in the view only (True); else the gateway's."""
@@ -215,13 +206,14 @@ class ViewWrites:
         if end > MAX_VALIDATED_BYTES:
             raise FileTooLarge(f"/{key}: a view file over {MAX_VALIDATED_BYTES} bytes")
         with self._lock:
-            if len(staged.data) < offset:
-                staged.data.extend(bytes(offset - len(staged.data)))
+            staged.data.extend(bytes(max(0, offset - len(staged.data))))
             staged.data[offset:end] = data
             staged.dirty = True
         return len(data)
 
     def truncate(self, key: str, length: int) -> bool:
+        if length > MAX_VALIDATED_BYTES:
+            raise FileTooLarge(f"/{key}: a view file over {MAX_VALIDATED_BYTES} bytes")
         with self._lock:
             staged = self._files.get(key)
             if staged is None:
@@ -344,12 +336,16 @@ class ViewWrites:
         pos = plan.parse(rel)
         if pos is None:
             return None
-        if not parse_doc:
-            return prefix, None, n5node, pos
+        return prefix, self._view_node(prefix) if parse_doc else None, n5node, pos
+
+    def _view_node(self, prefix: str) -> ArrayNode:
+        """The array as the view's own document declares it (what a reopened writer uses)."""
+        plan = self.tree.plan(self.tree.access.folder(prefix))
+        assert not isinstance(plan, str)
         doc_name = _META[self.tree.name][0]
         node = self._parse(doc_name, plan.documents[doc_name], prefix + doc_name)
         assert isinstance(node, ArrayNode)
-        return prefix, node, n5node, pos
+        return node
 
     def aliased(self, key: str) -> Entry | None:
         """A chunk as its writer's declared document names and encodes it (``c/0/0``, little
@@ -366,14 +362,7 @@ class ViewWrites:
         shown = self.tree.entry(prefix + (".".join(map(str, pos)) if pos else "0"))
         if shown is None or shown.open is None:
             return None
-        content = shown.open()
-        data = content.read(shown.size, 0)
-        doc_name = _META[self.tree.name][0]
-        plan = self.tree.plan(self.tree.access.folder(prefix))
-        if isinstance(plan, str):
-            return None
-        node = self._parse(doc_name, plan.documents[doc_name], prefix + doc_name)
-        values = node.decode_chunk(pos, data)
+        values = self._view_node(prefix).decode_chunk(pos, shown.open().read(shown.size, 0))
         return document(declared.encode_chunk(pos, values), shown.mtime)
 
     def _parse(self, name: str, data: bytes, key: str) -> Any:
@@ -400,10 +389,10 @@ class ViewWrites:
             self._store(prefix, {**group, **dict(node.attributes)})
             return
         attrs = _dataset(node, _json(data, key), key)
-        user = {k: v for k, v in current.items() if k not in _DATASET}
-        if name == ".zarray":
-            user = {k: v for k, v in user.items() if k not in _KEPT}
-        self._store(prefix, {**user, **dict(node.attributes), **attrs})
+        # v3 holds every attribute in zarr.json; v2 in .zattrs, written apart
+        v2 = name == ".zarray"
+        kept = {k: v for k, v in current.items() if (k not in _DATASET if v2 else k in _KEPT)}
+        self._store(prefix, {**kept, **dict(node.attributes), **attrs})
         with self._lock:
             self._declared[prefix] = node
 
@@ -492,10 +481,8 @@ def _v2_compression(doc: dict[str, Any], key: str) -> dict[str, Any]:
 def _compression(name: str, config: dict[str, Any], key: str) -> dict[str, Any]:
     """The N5 ``compression`` for one Zarr bytes-to-bytes codec."""
     if name in ("gzip", "zlib"):
-        out: dict[str, Any] = {"type": "gzip", "useZlib": name == "zlib"}
-        if "level" in config:
-            out["level"] = config["level"]
-        return out
+        level = {"level": config["level"]} if "level" in config else {}
+        return {"type": "gzip", "useZlib": name == "zlib", **level}
     if name == "zstd":
         return {"type": "zstd", "level": config.get("level", 3)}
     if name == "blosc":
@@ -508,9 +495,5 @@ def _compression(name: str, config: dict[str, Any], key: str) -> dict[str, Any]:
             "shuffle": _SHUFFLE.get(shuffle, shuffle) if isinstance(shuffle, str) else shuffle,
             "blocksize": config.get("blocksize", 0),
         }
-    raise _refusal(
-        f"codec {name!r}: N5 has no such compression (it has raw, gzip, zstd, blosc, bzip2, "
-        "xz, lz4)",
-        key,
-        "codec",
-    )
+    why = f"codec {name!r}: N5 has no such compression (raw, gzip, zstd, blosc, bzip2, xz, lz4)"
+    raise _refusal(why, key, "codec")
