@@ -180,12 +180,14 @@ def test_end_blocks_are_clipped_as_n5_java_writes_them(tmp_path: Path) -> None:
 
 
 def test_chunks_at_the_views_own_keys_and_their_deletion(tmp_path: Path) -> None:
-    """A writer that opens the array through the view writes its flat ``z.y`` keys."""
+    """A writer that opens the array through a later mount's view writes its flat ``z.y``
+    keys (the view's document: big-endian)."""
     root = n5_root(tmp_path)
     view = writable_view(root)
     replay(
         view, zarr_files(lambda g: g.create_array("m", shape=(4, 4), chunks=(2, 2), dtype="<i2"))
     )
+    view = writable_view(root)  # a later mount: the view's own document
     doc = json.loads(view.read_file("/m/zarr.json"))
     assert doc["chunk_key_encoding"]["configuration"]["separator"] == "."
     store = MemoryStore()
@@ -278,5 +280,28 @@ def test_the_writer_reads_its_chunks_back_in_its_own_encoding(tmp_path: Path) ->
     assert view.read_file("/p/c/1/0") == written["p/c/1/0"]
     assert view.stat("/p/c/1/0").size == len(written["p/c/1/0"])
     assert view.lookup("/p/c/5/0") is None
-    doc = json.loads(view.read_file("/p/zarr.json"))
+    assert view.read_file("/p/zarr.json") == written["p/zarr.json"]
+    assert dict(view.readdir("/p"))["zarr.json"].size == len(written["p/zarr.json"])
+    later = open_view(Gateway(open_store(str(root)), GatewayConfig(read_only=True)), "zarr3")
+    doc = json.loads(later.read_file("/p/zarr.json"))
     assert doc["codecs"][0]["configuration"]["endian"] == "big"
+    assert later.lookup("/p/c/1/0") is None
+    assert later.lookup("/p/1.0") is not None
+
+
+def test_a_zarr2_writer_reads_its_little_endian_chunks_at_the_views_names(
+    tmp_path: Path,
+) -> None:
+    """In v2 the writer's chunk names are the view's own (``1.0``): within the mount they are
+    served in the writer's byte order, so a partial update reads the values it wrote."""
+    root = n5_root(tmp_path)
+    view = writable_view(root, "zarr2")
+    store = MemoryStore()
+    group = zarr.open_group(store, mode="a", zarr_format=2)
+    group.create_array("q", shape=(4, 4), chunks=(2, 2), dtype="<i4")[...] = np.arange(16).reshape(
+        4, 4
+    )
+    written = zarr_files_of(store)
+    replay(view, written)
+    assert view.read_file("/q/1.0") == written["q/1.0"]
+    assert json.loads(view.read_file("/q/.zarray"))["dtype"] == "<i4"

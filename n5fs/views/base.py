@@ -68,9 +68,9 @@ class View:
 
     def _entry(self, path: str) -> tuple[str, Entry]:
         key = path_to_key(path)
-        entry = self.tree.entry(key)
-        if entry is None and self.writes is not None:
-            entry = self.writes.aliased(key)
+        entry = None if self.writes is None else self.writes.declared(key)
+        if entry is None:
+            entry = self.tree.entry(key)
         if entry is None:
             raise KeyNotFound(f"no such file or directory in the {self.format} view: {path}")
         return key, entry

@@ -1,28 +1,21 @@
 """Writes through ``--as zarr3`` / ``--as zarr2`` over an N5 hierarchy: they land as N5.
 
-A Zarr writer in a Zarr view of an N5 store writes Zarr files; each is *staged* in memory
-(bounded by the gateway's :data:`~n5fs.gateway.committer.MAX_VALIDATED_BYTES`) under its view
-name, and *committed* when it is flushed, released or renamed under a name the view
-translates:
-
-- a metadata document (``zarr.json``; ``.zarray``, ``.zgroup``, ``.zattrs``) becomes the
-  folder's N5 ``attributes.json``: dimensions and block size reversed (N5 lists the fastest
-  axis first), ``dataType`` from the Zarr type (either byte order: N5 stores big-endian),
-  ``compression`` from the codec (gzip, zlib as gzip ``useZlib``, zstd, blosc, none), the
-  Zarr attributes beside the dataset keys. A group becomes an N5 group;
-- a chunk (the view's own flat ``z.y.x`` keys, or the keys of the chunk key encoding the
-  writer declared in the document it wrote) is decoded with the codecs of the document it was
-  written for and re-encoded as the N5 block at the reversed position, clipped at the end of
-  the dataset as N5 Java writes it.
-
-Both go to the gateway as writes of native names: its commit rules validate and record them.
-What N5 cannot hold (a codec it lacks, a checksum, sharding, a transposition, a type it has no
-name for, a fill value other than 0, filters) is refused before anything is written:
+Each file a Zarr writer writes is *staged* in memory under its view name (at most the
+gateway's :data:`~n5fs.gateway.committer.MAX_VALIDATED_BYTES`) and *committed* when flushed,
+released or renamed under a name the view translates: a metadata document (``zarr.json``;
+``.zarray``, ``.zgroup``, ``.zattrs``) becomes the folder's ``attributes.json`` (axes
+reversed: N5 lists the fastest first; ``dataType``, ``compression`` from the codec; the
+attributes), a chunk (the view's flat ``z.y.x`` keys, or the keys of the encoding the writer
+declared) is decoded with the codecs of the document it was written for and stored as the N5
+block at the reversed position, clipped at the dataset's end as N5 Java writes it. Both go to
+the gateway as writes of native names: its commit rules validate and record them. What N5
+cannot hold (a codec it lacks, a checksum, sharding, a transposition, a type it has no name
+for, a fill value other than 0, filters) is refused before anything is written:
 :class:`~n5fs.errors.Rejected` (EINVAL), recorded in the gateway's rejections.
 
-Any other name (zarr-python's ``zarr.<uuid>.partial`` temp files) stays staged in the view,
-never stored: a rename or hard link into a translated name commits it, an unlink drops it.
-Folders made inside an array (``c/0``) exist in the view only: N5 has its own block folders.
+Any other name (zarr-python's ``zarr.<uuid>.partial`` temp files) stays staged, never
+stored: a rename or hard link into a translated name commits it, an unlink drops it. Folders
+made inside an array (``c/0``) exist in the view only: N5 has its own block folders.
 
 Thread-safety: ``_lock`` is a leaf lock around the dictionaries; commits run outside it (the
 gateway serializes what it must).
@@ -80,6 +73,15 @@ class _Recorded(Exception):
         self.rejected = rejected
 
 
+@dataclass(frozen=True)
+class _Declared:
+    """An array's document as its writer wrote it in this mount."""
+
+    node: ArrayNode
+    name: str
+    doc: bytes
+
+
 def _refusal(message: str, path: str, rule: str) -> Rejected:
     return Rejected(message, path="/" + path, fmt="n5", rule=rule)
 
@@ -94,7 +96,7 @@ class ViewWrites:
         self._handles: dict[int, str] = {}
         self._dirs: set[str] = set()
         #: array prefix -> the Zarr document its writer declared (its chunk keys, its codecs)
-        self._declared: dict[str, ArrayNode] = {}
+        self._declared: dict[str, _Declared] = {}
         self._fh = itertools.count(WRITE_HANDLES)
         self._subscribers: list[Callable[[Sequence[str]], None]] = []
         self._lock = threading.Lock()
@@ -149,7 +151,10 @@ class ViewWrites:
         """What the view lists in ``folder`` beside the tree: staged files, view folders."""
         with self._lock:
             keys = [*self._files, *self._dirs]
-        found = ((basename(k), self.stat(k)) for k in keys if parent(k) == folder)
+            declared = self._declared.get(folder + "/")
+        found = [(basename(k), self.stat(k)) for k in keys if parent(k) == folder]
+        if declared is not None:
+            found.append((declared.name, Attr(EntryKind.FILE, len(declared.doc))))
         return [(name, attr) for name, attr in found if attr is not None]
 
     def mkdir(self, key: str) -> bool:
@@ -257,24 +262,21 @@ class ViewWrites:
         self._commit(new, moved)
         return True
 
-    # -- commits -------------------------------------------------------------------------------
-
     def _commit(self, key: str, staged: _Staged) -> None:
         """Translate and store ``key`` if the view translates its name (else keep it staged)."""
         data = bytes(staged.data)
         try:
             done = self._translate(key, data)
-        except _Recorded as recorded:
+        except (_Recorded, Rejected) as exc:
             with self._lock:
                 self._files.pop(key, None)
-            raise recorded.rejected from None
-        except Rejected as exc:
-            with self._lock:
-                self._files.pop(key, None)
-            if not exc.path:
-                exc = Rejected(exc.message, path="/" + key, fmt=exc.fmt, rule=exc.rule)
-            self.gateway.committer.refused(key, exc)
-            raise exc from None
+            if isinstance(exc, _Recorded):
+                raise exc.rejected from None
+            why = (
+                exc if exc.path else Rejected(exc.message, path="/" + key, fmt="n5", rule=exc.rule)
+            )
+            self.gateway.committer.refused(key, why)
+            raise why from None
         if done:
             with self._lock:
                 staged.dirty = False
@@ -327,9 +329,9 @@ class ViewWrites:
         rel = key[len(prefix) :]
         declared = self._declared.get(prefix)
         if declared is not None:
-            what = declared.classify(rel)
+            what = declared.node.classify(rel)
             if what.kind is KeyKind.CHUNK and what.in_grid and what.position is not None:
-                return prefix, declared, n5node, what.position
+                return prefix, declared.node, n5node, what.position
         plan = self.tree.plan(folder)
         if isinstance(plan, str):
             return None
@@ -347,15 +349,19 @@ class ViewWrites:
         assert isinstance(node, ArrayNode)
         return node
 
-    def aliased(self, key: str) -> Entry | None:
-        """A chunk as its writer's declared document names and encodes it (``c/0/0``, little
-        endian...): the writer of this mount reads back what it wrote in its own terms (a
-        partial update reads the chunk, changes it and writes it again)."""
+    def declared(self, key: str) -> Entry | None:
+        """``key`` of an array written in this mount as its writer declared it (document as
+        written; chunks under its names, in its encoding, made from the N5 blocks): the writer
+        keeps its document and reads chunks back to update parts; every reader of this mount
+        sees the same array. A later mount shows the view's own document."""
         prefix = self._array_of(key)
-        declared = None if prefix is None else self._declared.get(prefix)
-        if prefix is None or declared is None:
+        found = None if prefix is None else self._declared.get(prefix)
+        if prefix is None or found is None:
             return None
-        what = declared.classify(key[len(prefix) :])
+        rel = key[len(prefix) :]
+        if rel == found.name:
+            return document(found.doc)
+        what = found.node.classify(rel)
         if what.kind is not KeyKind.CHUNK or what.position is None:
             return None
         pos = what.position
@@ -363,7 +369,7 @@ class ViewWrites:
         if shown is None or shown.open is None:
             return None
         values = self._view_node(prefix).decode_chunk(pos, shown.open().read(shown.size, 0))
-        return document(declared.encode_chunk(pos, values), shown.mtime)
+        return document(found.node.encode_chunk(pos, values), shown.mtime)
 
     def _parse(self, name: str, data: bytes, key: str) -> Any:
         fmt = Zarr3Format() if self.tree.name == "zarr3" else Zarr2Format()
@@ -394,7 +400,7 @@ class ViewWrites:
         kept = {k: v for k, v in current.items() if (k not in _DATASET if v2 else k in _KEPT)}
         self._store(prefix, {**kept, **dict(node.attributes), **attrs})
         with self._lock:
-            self._declared[prefix] = node
+            self._declared[prefix] = _Declared(node, name, data)
 
     def _native_attributes(self, prefix: str) -> dict[str, Any]:
         try:
@@ -428,12 +434,8 @@ def _dataset(node: ArrayNode, doc: dict[str, Any], key: str) -> dict[str, Any]:
         raise _refusal(f"N5 has no data type for {node.dtype.str}", key, "dataType")
     fill = node.fill_value if isinstance(node, Zarr3ArrayNode) else _v2_fill(doc)
     if fill is not None and not (np.asarray(fill, dtype=dtype) == 0).all():
-        raise _refusal(
-            f"fill value {doc.get('fill_value')!r}: N5 reads a missing block as 0, it has "
-            "no other fill value",
-            key,
-            "fill-value",
-        )
+        why = f"fill value {doc.get('fill_value')!r}: N5 reads a missing block as 0, no other"
+        raise _refusal(why, key, "fill-value")
     compression = _v3_compression(doc, key) if "codecs" in doc else _v2_compression(doc, key)
     return {
         "dimensions": list(node.shape[::-1]),
@@ -451,12 +453,9 @@ def _v3_compression(doc: dict[str, Any], key: str) -> dict[str, Any]:
     chain = list(doc.get("codecs") or [])
     names = [c["name"] if isinstance(c, dict) else c for c in chain]
     if not names or names[0] != "bytes":
-        raise _refusal(
-            f"codec {names[0] if names else 'none'!r} before 'bytes': N5 stores each block as "
-            "its values in order, with no array codec (transpose, sharding_indexed)",
-            key,
-            "codec",
-        )
+        first = names[0] if names else "none"
+        why = f"codec {first!r} before 'bytes': N5 stores a block's values in order, unchanged"
+        raise _refusal(why, key, "codec")
     rest = chain[1:]
     if len(rest) > 1:
         raise _refusal(f"codecs {names[1:]}: N5 applies one compression per block", key, "codec")
