@@ -305,3 +305,21 @@ def test_a_zarr2_writer_reads_its_little_endian_chunks_at_the_views_names(
     replay(view, written)
     assert view.read_file("/q/1.0") == written["q/1.0"]
     assert json.loads(view.read_file("/q/.zarray"))["dtype"] == "<i4"
+
+
+def test_plain_files_of_a_group_are_written_as_stored(tmp_path: Path) -> None:
+    root = n5_root(tmp_path)
+    (root / "README").write_text("old")
+    view = writable_view(root)
+    fh = view.create("/README", os.O_WRONLY | os.O_TRUNC)
+    view.write(fh, b"new", 0)
+    view.flush(fh)
+    view.release(fh)
+    assert (root / "README").read_text() == "new"
+    fh = view.create("/notes.txt", os.O_WRONLY | os.O_CREAT)
+    view.write(fh, b"staged", 0)
+    view.release(fh)
+    assert view.read_file("/notes.txt") == b"staged"  # staged in the view, never stored
+    assert not (root / "notes.txt").exists()
+    view.unlink("/notes.txt")
+    assert view.lookup("/notes.txt") is None

@@ -237,6 +237,10 @@ class View:
         writes = self._writes("create", path, key)
         if flags & os.O_EXCL and self.lookup(path) is not None:
             raise KeyExists(f"file exists: {path}")
+        if writes.stat(key) is None:
+            entry = self.tree.entry(key)
+            if entry is not None and entry.native and entry.kind is EntryKind.FILE:
+                return self.gateway.create(path, flags)  # a plain file of a group, as stored
         return writes.open(key, flags | os.O_TRUNC, None)
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
