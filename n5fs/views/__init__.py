@@ -5,7 +5,8 @@ show every N5 dataset and every Zarr array of the other version as a Zarr array 
 version (:mod:`n5fs.views.zarr`); ``npy`` shows every array as one ``.npy`` file
 (:mod:`n5fs.views.npy`); ``n5`` shows every numeric Zarr array as an N5 dataset
 (:mod:`n5fs.views.n5`). A view sits between the gateway and the FUSE front
-(:class:`~n5fs.views.base.View`) and is read-only in this stage.
+(:class:`~n5fs.views.base.View`). Only the Zarr views of an N5 hierarchy take writes, which
+land as native N5 (:mod:`n5fs.views.writes`); every other view answers EROFS.
 
 This module stays light (the CLI reads ``--as`` with it before anything is mounted); the
 views themselves are imported when one is opened.
@@ -54,7 +55,7 @@ def make_tree(gateway: Gateway, fmt: str) -> ViewTree:
 
 
 def open_view(gateway: Gateway, fmt: str) -> View:
-    """The store behind ``gateway`` as ``fmt`` shows it, read-only."""
+    """The store behind ``gateway`` as ``fmt`` shows it (writable where the view can be)."""
     from n5fs.views.base import View
 
     return View(gateway, make_tree(gateway, fmt))
