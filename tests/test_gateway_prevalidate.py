@@ -25,15 +25,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numcodecs
 import numpy as np
 import pytest
 import z5py
+import zarr
 
 from n5fs.codecs.n5_header import decode_header
 from n5fs.errors import Rejected
 from n5fs.formats.n5 import N5ArrayNode, N5Format
-from n5fs.gateway import Gateway, GatewayConfig, prevalidate
-from n5fs.gateway.prevalidate import Prechecks, passes
+from n5fs.gateway import Gateway, GatewayConfig, streamcheck
+from n5fs.gateway.prevalidate import Prechecks
+from n5fs.gateway.streamcheck import passes
 from n5fs.kvstore.memory import MemoryStore
 from tests.writers import tensorstore_n5
 
@@ -273,7 +276,7 @@ def test_a_failing_check_falls_back_to_the_full_check(
     def broken(self: object, data: bytes) -> None:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(prevalidate._N5Chunk, "feed", broken)
+    monkeypatch.setattr(streamcheck._N5Chunk, "feed", broken)
     gw = gateway(source)
     key, data = next(iter(chunks(source, "gzip").items()))
     assert outcome(gw, key, data, sequential(data, 100)) is None
@@ -414,3 +417,93 @@ def test_chunks_stored_before_their_metadata_are_judged_in_listing_order(
     gw.store.set(stored[6][0], stored[6][1])
     gw.write_file("/gzip/attributes.json", metadata(source)["gzip/attributes.json"])
     gw.close()
+
+
+# == Zarr v2 ===========================================================================================
+
+#: compressor of each array zarr-python 3 writes in Zarr v2 format (None: uncompressed)
+V2: dict[str, Any] = {
+    "zlib": numcodecs.Zlib(level=3),
+    "gzip": numcodecs.GZip(level=5),
+    "bz2": numcodecs.BZ2(level=2),
+    "lzma": numcodecs.LZMA(),
+    "none": None,
+    "blosc": numcodecs.Blosc(),  # not checked while written: the full check alone decides
+}
+V2_HANDLED = {"zlib", "gzip", "bz2", "lzma", "none"}
+V2_METADATA = (".zgroup", ".zarray", ".zattrs")
+
+
+@pytest.fixture(scope="module")
+def v2source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pre-v2") / "data.zarr"
+    zarr.open_group(str(root), mode="w", zarr_format=2)
+    for name, compressor in V2.items():
+        array = zarr.create_array(
+            store=str(root / name),
+            shape=SHAPE,
+            chunks=CHUNKS,
+            dtype="uint16",
+            zarr_format=2,
+            compressors=compressor,
+            fill_value=0,
+        )
+        array[...] = values()
+    return root
+
+
+def v2_gateway(root: Path, *, checks: bool = True) -> Gateway:
+    gw = Gateway(MemoryStore())
+    found = sorted(
+        (p for p in root.rglob("*") if p.name in V2_METADATA), key=lambda p: len(p.parts)
+    )
+    for path in found:
+        gw.write_file("/" + path.relative_to(root).as_posix(), path.read_bytes())
+    if not checks:
+        gw.committer.prechecks = None
+        gw.rules.streaming = False
+    return gw
+
+
+def v2_spoiled(data: bytes, compressor: Any, nbytes: int) -> Iterator[tuple[str, bytes]]:
+    decoded = bytes(compressor.decode(data)) if compressor is not None else data
+    encode = (lambda b: bytes(compressor.encode(b))) if compressor is not None else bytes
+    yield "valid", data
+    yield "empty", b""
+    yield "cut in half", data[: len(data) // 2]
+    yield "last byte missing", data[:-1]
+    yield "one byte more", data + b"x"
+    yield "zeros after", data + bytes(8)
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x5A
+    yield "flipped byte", bytes(flipped)
+    yield "bomb", encode(bytes(64 * nbytes + 4096))
+    yield "short", encode(decoded[:-2])
+    if isinstance(compressor, numcodecs.GZip):
+        yield "two gzip members", gzip.compress(decoded[:100]) + gzip.compress(decoded[100:])
+
+
+@pytest.mark.parametrize("name", list(V2))
+def test_zarr2_chunks_checked_while_written_decide_as_the_full_check(
+    v2source: Path, name: str
+) -> None:
+    fast, full = v2_gateway(v2source), v2_gateway(v2source, checks=False)
+    nbytes = CHUNKS[0] * CHUNKS[1] * 2
+    stored = {
+        f"{name}/{p.name}": p.read_bytes()
+        for p in sorted((v2source / name).iterdir())
+        if p.name not in V2_METADATA
+    }
+    assert len(stored) == 9
+    for key, data in stored.items():
+        for what, spoilt in v2_spoiled(data, V2[name], nbytes):
+            for pieces in (sequential(spoilt, 1000), sequential(spoilt, 700)[::-1]):
+                before = prechecked(fast)
+                want = outcome(full, key, spoilt, pieces)
+                assert outcome(fast, key, spoilt, pieces) == want, (key, what)
+                used = prechecked(fast) - before
+                assert used <= (want is None), (key, what)
+                if what == "valid" and pieces[0][0] == 0:
+                    assert want is None
+                    assert used == (name in V2_HANDLED), key
+    assert prechecked(full) == 0

@@ -25,7 +25,7 @@ from n5fs.detect import Detector, candidates
 from n5fs.errors import Rejected
 from n5fs.formats.base import ArrayNode, Format, GroupNode, KeyKind, Node
 from n5fs.gateway.pool import OrderedPool
-from n5fs.gateway.prevalidate import passes
+from n5fs.gateway.streamcheck import passes
 from n5fs.kvstore.keys import basename, dir_prefix, parent
 
 if TYPE_CHECKING:

@@ -1,26 +1,19 @@
 """Chunk checks that run while the chunk arrives, so a commit only finishes them.
 
 Why: ``cp -r`` of compressed chunks spent most of its time inside ``close()``, decoding each
-chunk in one go on the thread that answers FUSE, while the next file waited. Decoders of
-zlib/gzip, bzip2 and xz take their input piece by piece and release the GIL, so a chunk
-written sequentially from offset 0 (``cp``, ``rsync``, most writers) is decoded on a worker
-thread as its writes land, on the other core; ``close()`` waits only for the last piece. The
-decoded bytes are counted and dropped (64 KiB at a time), never held: a bomb stops the check
-at the size the block header allows.
+chunk in one go on the thread that answers FUSE, while the next file waited. The streaming
+decoders (:mod:`n5fs.gateway.streamcheck`) take their input piece by piece and release the
+GIL, so a chunk written sequentially from offset 0 (``cp``, most writers) is decoded on a
+worker thread as its writes land, on the other core; ``close()`` waits only for the last
+piece. Decoded bytes are counted and dropped, never held: a bomb stops the check at the size
+the header allows.
 
-The result is only ever used to *accept*: a check passes when everything the full check
-(:meth:`~n5fs.formats.base.ArrayNode.validate_chunk`) looks at agrees - header, its fit at
-the position, one compressed stream that ends exactly at the end of the file and decodes to
-exactly the expected size. Anything else (a flaw, a random-offset write, a truncate, an
-unusual but legal layout such as concatenated gzip members, a codec not handled here, memory
-the staging budget does not grant) drops the check, and the commit runs the full check,
-which decides and words any refusal as before. A check also remembers the array node and
-position it was made for; the commit re-classifies the key against the metadata current
-then (inside the commit order) and uses the check only if both are equal
-(:meth:`Precheck.holds_for`), else it checks in full.
-
-Formats handled: N5 with raw, gzip (both framings), bzip2 and xz; other formats and codecs
-(blosc, zstd, lz4, Zarr v2/v3) are checked in full at commit as before.
+A check is only ever used to *accept*. A flaw, a random-offset write, a truncate, an unusual
+but legal layout, a codec not handled, or memory the staging budget does not grant drops it,
+and the commit runs the full check, which decides and words any refusal as before. A check
+remembers the array node and position it was made for; the commit re-classifies the key
+against the metadata current then (inside the commit order) and uses the check only if both
+are equal (:meth:`Precheck.holds_for`), else it checks in full.
 
 State and locks: a :class:`ChunkCheck` guards its queue and flags with its own condition, a
 leaf lock. The writer (``StagedFile.write``, under its node lock) appends a reference to the
@@ -33,30 +26,18 @@ takes a node, commit-order or cache lock, so waiting on a check cannot deadlock.
 
 from __future__ import annotations
 
-import bz2
 import logging
-import lzma
 import os
 import threading
-import zlib
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from n5fs.codecs.limits import CodecError
-from n5fs.codecs.n5_compression import (
-    Bzip2Compression,
-    GzipCompression,
-    N5Compression,
-    RawCompression,
-    XzCompression,
-)
-from n5fs.codecs.n5_header import BlockHeader, decode_header
 from n5fs.errors import N5fsError
 from n5fs.formats.base import ArrayNode, Format, KeyKind
-from n5fs.formats.n5 import N5ArrayNode
 from n5fs.formats.registry import METADATA_NAMES
+from n5fs.gateway.streamcheck import ChunkParser, Unsure, parser_for
 from n5fs.kvstore.keys import basename
 
 if TYPE_CHECKING:
@@ -67,198 +48,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Buffer = bytes | memoryview
-
-#: decoded output is produced (and dropped) at most this much at a time
-OUTPUT_PIECE = 64 << 10
-#: :func:`passes` feeds a whole chunk in pieces of this size (zlib copies the input its
-#: output limit leaves over: fed whole, a 4 MiB chunk would be copied ~60 times)
-FEED_PIECE = 128 << 10
 #: a writer waits while this many of its bytes wait for the decoder
 MAX_BACKLOG = 8 << 20
 #: a worker decodes at most this many pieces of one check before letting others run
 DRAIN_BATCH = 8
-
-
-class _Unsure(Exception):
-    """The check cannot vouch for the chunk: the full check decides."""
-
-
-# == payload decoders ================================================================================
-
-
-class _Decoder(Protocol):
-    """What zlib's decompress objects, ``bz2.BZ2Decompressor`` and ``lzma.LZMADecompressor``
-    have in common."""
-
-    @property
-    def eof(self) -> bool: ...
-
-    @property
-    def unused_data(self) -> bytes: ...
-
-    def decompress(self, data: Buffer, max_length: int = ..., /) -> bytes: ...
-
-
-class _Payload(Protocol):
-    def feed(self, data: Buffer) -> None:
-        """Take the next compressed bytes; raise _Unsure at the first doubt."""
-
-    def complete(self) -> bool:
-        """Everything fed is one stream that decoded to exactly the expected size."""
-
-
-class _Raw:
-    """N5 raw: the payload is the values; only its length matters."""
-
-    def __init__(self, expected: int) -> None:
-        self.expected = expected
-        self.total = 0
-
-    def feed(self, data: Buffer) -> None:
-        self.total += len(data)
-        if self.total > self.expected:
-            raise _Unsure
-
-    def complete(self) -> bool:
-        return self.total == self.expected
-
-
-class _Stream:
-    """One zlib/gzip, bzip2 or xz stream, decoded as it arrives, output counted and dropped.
-    ``tail``: zlib keeps the input its output limit left over in ``unconsumed_tail``; bz2
-    and lzma buffer it themselves and say ``needs_input``."""
-
-    def __init__(self, decoder: _Decoder, expected: int, *, tail: bool) -> None:
-        self.decoder = decoder
-        self.expected = expected
-        self.tail = tail
-        self.total = 0
-        self.ended = False
-
-    def feed(self, data: Buffer) -> None:
-        if self.ended:
-            raise _Unsure  # bytes after the stream: trailing data, or another gzip member
-        try:
-            self._decode(data)
-        except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError) as exc:
-            raise _Unsure from exc
-        if self.decoder.eof:
-            self.ended = True
-            if self.decoder.unused_data:
-                raise _Unsure
-
-    def _decode(self, data: Buffer) -> None:
-        dec = self.decoder
-        while True:
-            out = dec.decompress(data, OUTPUT_PIECE)
-            self.total += len(out)
-            if self.total > self.expected:
-                raise _Unsure  # more than the header allows: the full check refuses the bomb
-            if dec.eof:
-                return
-            if self.tail:
-                data = getattr(dec, "unconsumed_tail", b"")
-                if not data and len(out) < OUTPUT_PIECE:
-                    return
-            else:
-                data = b""
-                if getattr(dec, "needs_input", True):
-                    return
-
-    def complete(self) -> bool:
-        return self.ended and self.total == self.expected
-
-
-def _payload(compression: N5Compression, expected: int) -> _Payload | None:
-    """A streaming decoder that accepts exactly what ``compression.decode(., expected)``
-    followed by the size check accepts in its plain case; None for codecs not handled."""
-    if isinstance(compression, RawCompression):
-        return _Raw(expected)
-    if isinstance(compression, GzipCompression):
-        wbits = zlib.MAX_WBITS if compression.use_zlib else 16 + zlib.MAX_WBITS
-        return _Stream(zlib.decompressobj(wbits), expected, tail=True)
-    if isinstance(compression, Bzip2Compression):
-        return _Stream(bz2.BZ2Decompressor(), expected, tail=False)
-    if isinstance(compression, XzCompression):
-        return _Stream(lzma.LZMADecompressor(format=lzma.FORMAT_XZ), expected, tail=False)
-    return None
-
-
-def handled(array: ArrayNode) -> bool:
-    """Can chunks of ``array`` be checked while they arrive?"""
-    return isinstance(array, N5ArrayNode) and _payload(array.compression, 0) is not None
-
-
-# == one N5 chunk =====================================================================================
-
-
-class _N5Chunk:
-    """An N5 block: header first (its dims decide the payload's size), then the payload."""
-
-    def __init__(self, array: N5ArrayNode, position: tuple[int, ...]) -> None:
-        self.array = array
-        self.position = position
-        self.head = bytearray()
-        self.payload: _Payload | None = None
-
-    def feed(self, data: Buffer) -> None:
-        if self.payload is not None:
-            self.payload.feed(data)
-            return
-        self.head += data
-        header = self._header()
-        if header is None:
-            return
-        rest, self.head = bytes(self.head[header.size :]), bytearray()
-        try:
-            # the array's own rule for a header at this position (dims, varlength cap)
-            expected = self.array._expected_bytes(header, self.position)
-        except CodecError as exc:
-            raise _Unsure from exc
-        self.payload = _payload(self.array.compression, expected)
-        if self.payload is None:
-            raise _Unsure
-        if rest:
-            self.payload.feed(rest)
-
-    def _header(self) -> BlockHeader | None:
-        """The header once all its bytes are here (None before)."""
-        head = self.head
-        if len(head) < 4:
-            return None
-        ndim = int.from_bytes(head[2:4], "big")
-        needed = 4 + 4 * ndim + (4 if head[:2] == b"\x00\x01" else 0)
-        if len(head) < needed:
-            return None
-        try:
-            return decode_header(bytes(head[:needed]))
-        except CodecError as exc:
-            raise _Unsure from exc
-
-    def complete(self) -> bool:
-        return self.payload is not None and self.payload.complete()
-
-
-def passes(array: ArrayNode | None, position: tuple[int, ...] | None, data: bytes) -> bool:
-    """Do the streaming decoders accept the whole chunk ``data`` at ``position``? True only
-    where :meth:`~n5fs.formats.base.ArrayNode.validate_chunk` accepts it too, and at less
-    cost (no decoded copy is kept); False says nothing: the full check then decides."""
-    if position is None or not isinstance(array, N5ArrayNode) or not handled(array):
-        return False
-    if not array.in_grid(position):
-        return False
-    parser = _N5Chunk(array, position)
-    view = memoryview(data)
-    try:
-        for offset in range(0, len(data), FEED_PIECE):
-            parser.feed(view[offset : offset + FEED_PIECE])
-    except _Unsure:
-        return False
-    except Exception:  # a bug must not fail a commit the full check would decide
-        log.exception("chunk check failed; the full check decides")
-        return False
-    return parser.complete()
 
 
 # == the check a commit finishes ======================================================================
@@ -292,7 +85,7 @@ class Precheck:
 class ChunkCheck:
     """A :class:`~n5fs.gateway.staging.Watcher` that checks a chunk while it is written."""
 
-    def __init__(self, owner: Prechecks, verdict: Verdict, parser: _N5Chunk) -> None:
+    def __init__(self, owner: Prechecks, verdict: Verdict, parser: ChunkParser) -> None:
         assert verdict.fmt is not None
         assert verdict.array is not None
         assert verdict.position is not None
@@ -400,7 +193,7 @@ class ChunkCheck:
     def _feed(self, piece: bytes) -> bool:
         try:
             self._parser.feed(piece)
-        except _Unsure:
+        except Unsure:
             return False
         except Exception:  # a bug must not pass a chunk: the full check runs (and raises)
             log.exception("chunk check failed; the commit checks in full")
@@ -443,9 +236,9 @@ class Prechecks:
         array = verdict.array
         if verdict.kind is not KeyKind.CHUNK or array is None or verdict.position is None:
             return
-        if not isinstance(array, N5ArrayNode) or not handled(array):
-            return
-        staged.watch(ChunkCheck(self, verdict, _N5Chunk(array, verdict.position)))
+        parser = parser_for(array, verdict.position)
+        if parser is not None:
+            staged.watch(ChunkCheck(self, verdict, parser))
 
     @staticmethod
     def finish(staged: StagedFile) -> Precheck | None:
