@@ -73,8 +73,9 @@ def serve_plan(
     from n5fs.views import NATIVE, open_view
 
     view = plan.options.view
-    # a Zarr view may write (into an N5 root: the view decides); npy views are read-only
-    read_only = plan.read_only or view not in (NATIVE, "zarr3", "zarr2")
+    # a Zarr view may write into an N5 root, the n5 view into a Zarr one (the view decides);
+    # npy views are read-only
+    read_only = plan.read_only or view not in (NATIVE, "zarr3", "zarr2", "n5")
     source = open_cli_source(plan.source, read_only=read_only)
     config = GatewayConfig(
         validate=plan.validate,

@@ -9,11 +9,12 @@ the gateway's (from ``2**40``), so one ``fh`` never means two files.
 
 A Zarr view (``zarr3``, ``zarr2``) of a writable N5 store takes writes: they are staged and
 translated into native N5 by :class:`~n5fs.views.writes.ViewWrites` (its own handles, from
-``2**41``), and committed through the gateway. Every other view (``npy``, Zarr over Zarr, a
-read-only store) answers EROFS (:class:`~n5fs.errors.ReadOnly`) to every call that would
-change something, before the gateway is asked; so does a writable view outside an N5
-hierarchy. The control folder
-``/.n5fs/`` is the gateway's, plus ``view.json``: what the view did (source reads, chunks
+``2**41``), and committed through the gateway; the ``n5`` view of a writable Zarr store,
+likewise, into native Zarr (:class:`~n5fs.views.n5_writes.N5ViewWrites`). Every other view
+(``npy``, Zarr over Zarr, N5 over N5, a read-only store) answers EROFS
+(:class:`~n5fs.errors.ReadOnly`) to every call that would change something, before the
+gateway is asked; so does a writable view outside the hierarchies it writes into. The
+control folder ``/.n5fs/`` is the gateway's, plus ``view.json``: what the view did (source reads, chunks
 translated, units decoded), for ``cat`` and for tests.
 
 Thread-safety: the handle table is guarded by ``_lock`` (a leaf lock, dictionary work only);
@@ -165,7 +166,8 @@ class View:
             raise self._refuse(what, path)
         if not self.writes.in_n5(key):
             raise ReadOnly(
-                f"the --as {self.format} view writes into N5 hierarchies only: cannot {what} {path}"
+                f"the --as {self.format} view writes into "
+                f"{getattr(self.writes, 'hierarchy', 'N5')} hierarchies only: cannot {what} {path}"
             )
         return self.writes
 
@@ -354,12 +356,18 @@ class View:
 
 
 def _writes_for(gateway: Gateway, tree: ViewTree) -> ViewWrites | None:
-    """Writes for a Zarr view of a writable store whose root is N5; else None (EROFS)."""
+    """Writes for a Zarr view of a writable store whose root is N5, or the n5 view of one
+    whose root is Zarr (v2, v3); else None (EROFS)."""
+    from n5fs.views.n5 import N5Tree
+    from n5fs.views.n5_writes import WRITABLE, N5ViewWrites
     from n5fs.views.zarr import ZarrTree
 
-    if gateway.read_only or not isinstance(tree, ZarrTree):
+    if gateway.read_only:
         return None
-    if tree.access.folder("").fmt != "n5":
+    root = tree.access.folder("").fmt
+    if isinstance(tree, N5Tree) and root in WRITABLE:
+        return N5ViewWrites(gateway, tree)
+    if not isinstance(tree, ZarrTree) or root != "n5":
         return None
     return ViewWrites(gateway, tree)
 
