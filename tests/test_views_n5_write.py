@@ -3,9 +3,9 @@
 TensorStore's n5 driver writes into a temp folder first (a file kvstore) and its files are
 replayed into the view as it writes them on a mount (strace of its file kvstore): ``mkdir``
 of the folders (EEXIST tolerated), ``open(key.__lock, O_WRONLY|O_CREAT)`` twice (a lock and
-a writer), the bytes, a ``rename`` onto the key while both are open, then the closes;
-``attributes.json`` first, then the blocks. The store is then read natively (zarr-python,
-TensorStore zarr3/zarr, transposed) and checked with ``n5fs validate``.
+a writer), the bytes, an fsync, a ``rename`` onto the key while both are open, then the
+closes (a flush each); ``attributes.json`` first, then the blocks. The store is then read
+natively (zarr-python, TensorStore zarr3/zarr, transposed) and checked with ``n5fs validate``.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def put(view: View, key: str, data: bytes) -> None:
         view.write(writer, data, 0)
         view.fsync(writer)
         view.rename(lock_path, "/" + key)
+        view.flush(writer)  # its close, after the rename: nothing left to flush
     finally:
         view.release(writer)
         view.release(lock)
