@@ -196,3 +196,28 @@ def test_a_compression_zarr_lacks_is_refused_with_a_rejection(tmp_path: Path) ->
     assert refused[0].rule == "compression"
     assert not (root / "x" / "zarr.json").exists()
     assert view.lookup("/x/attributes.json") is None
+
+
+def test_removing_a_block_removes_the_chunk_and_a_sharded_array_is_refused(
+    tmp_path: Path,
+) -> None:
+    root = zarr_root(tmp_path, 3)
+    values = np.arange(4 * 4, dtype="uint8").reshape(4, 4)
+    metadata = {"dimensions": [4, 4], "blockSize": [2, 2], "dataType": "uint8"}
+    view = n5_view(root)
+    replay(view, "m", tensorstore_n5_files(tmp_path, metadata, values))
+    assert (root / "m" / "c" / "1" / "0").is_file()
+    view.unlink("/m/0/1")  # N5 block x=0, y=1: Zarr chunk (1, 0)
+    assert not (root / "m" / "c" / "1" / "0").exists()
+    assert (root / "m" / "c" / "0" / "1").is_file()
+
+    group = zarr.open_group(str(root), mode="a")
+    group.create_array("s", shape=(4, 4), chunks=(2, 2), shards=(4, 4), dtype="uint8")
+    view = n5_view(root)
+    assert json.loads(view.read_file("/s/attributes.json"))["blockSize"] == [2, 2]
+    block = dict(tensorstore_n5_files(tmp_path / "s", metadata, values))["0/0"]
+    with pytest.raises(Rejected) as caught:
+        put(view, "s/0/0", block)
+    assert caught.value.rule == "sharding"
+    assert [r.rule for r in view.gateway.rejections if r.path == "/s/0/0"] == ["sharding"]
+    assert not (root / "s" / "c").exists()

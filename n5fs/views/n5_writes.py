@@ -180,6 +180,8 @@ class N5ViewWrites(ViewWrites):
         current = self.tree.access.folder(folder)
         if current.kind is FolderKind.ARRAY and current.fmt in WRITABLE:
             self._array_attributes(prefix, custom, fmt)
+            with self._lock:  # the document written before no longer says what is stored
+                self._declared.pop(prefix, None)
         elif fmt == "zarr3":
             group = {"zarr_format": 3, "node_type": "group", "attributes": custom}
             self._native("/" + prefix + "zarr.json", _dump(group))
