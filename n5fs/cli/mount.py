@@ -368,11 +368,12 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         choices=VIEW_FORMATS,
         default=None,
         metavar="FORMAT",
-        help="show the store in another format, read-only (same as -o as=FORMAT): zarr3 or "
+        help="show the store in another format (same as -o as=FORMAT): zarr3 or "
         "zarr2 (N5 datasets and Zarr arrays of the other version as Zarr arrays, sharded v3 "
         "arrays as plain v2 ones), npy (every array as one ARRAY.npy file), n5 (numeric Zarr "
-        "arrays as N5 datasets); native (default) "
-        "is the store as it is (n5fs mount /data/vol.n5 /mnt/v --as zarr3)",
+        "arrays as N5 datasets); native (default) is the store as it is. Zarr views of N5 "
+        "data and the n5 view of Zarr data take writes, which land in the store's own format; "
+        "npy is read-only (n5fs mount /data/vol.n5 /mnt/v --as zarr3)",
     )
     p.add_argument(
         "--allow-other",

@@ -23,8 +23,9 @@ Two more choices guard other users and the data under the mount point:
 ``commit`` before every ``close()`` returns, at two fsyncs per file (docs/semantics.md,
 "Durability"). Atomicity is the same either way.
 
-``as=zarr3|zarr2|npy|n5`` (n5fs's own, ``--as``) mounts a read-only view of the store in that
-format (docs/semantics.md, "Views"); ``as=native`` is the default.
+``as=zarr3|zarr2|npy|n5`` (n5fs's own, ``--as``) mounts a view of the store in that format
+(docs/semantics.md, "Views": writes through a Zarr view of N5 data or an N5 view of Zarr data
+land in the store's own format; npy is read-only); ``as=native`` is the default.
 
 ``show_control`` (n5fs's own) lists ``/.n5fs/`` in the root folder. Without it the control
 folder is reachable by its path only (ZFS's ``snapdir=hidden``), so ``cp -r``, ``tar`` and
@@ -111,7 +112,7 @@ class MountOptions:
     show_control: bool = False
     #: ``-o durable=``: when a commit to a local file store is on disk (fsync or commit)
     durable: str = DURABLE_MODES[0]
-    #: ``-o as=``: the format the mount shows (``native``: the store's own; a view is read-only)
+    #: ``-o as=``: the format the mount shows (``native``: the store's own)
     view: str = "native"
     fuse: dict[str, FuseValue] = field(default_factory=dict)
 

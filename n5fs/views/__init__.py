@@ -5,8 +5,9 @@ show every N5 dataset and every Zarr array of the other version as a Zarr array 
 version (:mod:`n5fs.views.zarr`); ``npy`` shows every array as one ``.npy`` file
 (:mod:`n5fs.views.npy`); ``n5`` shows every numeric Zarr array as an N5 dataset
 (:mod:`n5fs.views.n5`). A view sits between the gateway and the FUSE front
-(:class:`~n5fs.views.base.View`). Only the Zarr views of an N5 hierarchy take writes, which
-land as native N5 (:mod:`n5fs.views.writes`); every other view answers EROFS.
+(:class:`~n5fs.views.base.View`). The Zarr views of an N5 hierarchy and the N5 view of a Zarr
+hierarchy take writes, which land in the store's own format (:mod:`n5fs.views.writes`,
+:mod:`n5fs.views.n5_writes`); every other view answers EROFS.
 
 This module stays light (the CLI reads ``--as`` with it before anything is mounted); the
 views themselves are imported when one is opened.

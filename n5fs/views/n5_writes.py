@@ -116,15 +116,6 @@ class N5ViewWrites(ViewWrites):
         found = self._declared.get(folder + "/" if folder else "")
         return None if found is None else document(found.doc)
 
-    def flush(self, fh: int) -> None:
-        """Nothing to flush on a handle whose file was renamed away: TensorStore's file
-        kvstore renames ``KEY.__lock`` onto ``KEY`` (committed then) and closes after."""
-        with self._lock:
-            key = self._handles.get(fh)
-            moved = key is not None and key not in self._files
-        if not moved:
-            super().flush(fh)
-
     # -- translation ---------------------------------------------------------------------------
 
     def _translate(self, key: str, data: bytes) -> bool:

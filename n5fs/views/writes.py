@@ -229,6 +229,14 @@ class ViewWrites:
         return True
 
     def flush(self, fh: int) -> None:
+        """Commit the handle's file. Nothing to flush on a handle whose file was renamed away:
+        TensorStore's file kvstore renames ``KEY.__lock`` onto ``KEY`` (committed then) while
+        its handles are open, and closes them after."""
+        with self._lock:
+            key = self._handles.get(fh)
+            moved = key is not None and key not in self._files
+        if moved:
+            return
         key, staged = self._staged(fh)
         if staged.dirty:
             self._commit(key, staged)
