@@ -115,6 +115,11 @@ class KvStore(abc.ABC):
     listing_mtimes: ClassVar[bool] = True
     #: a prefix can exist with nothing under it (a directory on disk)
     empty_prefixes: ClassVar[bool] = False
+    #: one :meth:`walk` of a whole array costs less than listing its folders one by one (a
+    #: LIST request per folder on S3; a scan of every key per folder in memory): the gateway
+    #: then answers every folder of an array's chunk tree from one walk. A directory on disk
+    #: lists a folder with one ``scandir``, cheaper than walking the tree.
+    flat_listing_preferred: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod
@@ -224,7 +229,8 @@ class KvStore(abc.ABC):
         return {key: self.get(key) for key in keys}
 
     def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
-        """Every key below ``prefix``."""
+        """Every key below ``prefix``, in key order; drivers that page (S3) fetch a page only
+        when the caller gets there, so a caller that stops early stops the listing."""
         yield from self.list(prefix, delimiter=None).keys
 
     def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:

@@ -20,6 +20,8 @@ class MemoryStore(KvStore):
     """Values live in a dict under ``path``; ``set`` copies, so callers may reuse buffers."""
 
     spec_type = MemorySpec
+    #: every ``list`` scans every key: one walk of an array beats one scan per folder
+    flat_listing_preferred = True
 
     def __init__(self, path: str = "") -> None:
         self._spec = MemorySpec(path=path)

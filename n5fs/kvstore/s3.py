@@ -86,6 +86,9 @@ PART_SIZE = 16 * MiB
 SINGLE_COPY_LIMIT = 5 * 1024 * MiB
 #: S3 caps DeleteObjects at 1,000 keys
 _DELETE_BATCH = 1000
+#: keys per request of a :meth:`S3Store.walk` (S3's cap, asked for explicitly so that an
+#: S3-compatible server with a larger default keeps to it: the gateway relies on it)
+WALK_PAGE = 1000
 _TRANSFER_THREADS = 8
 
 __all__ = ["MiB", "S3Store", "error_code", "translate"]
@@ -130,6 +133,9 @@ class S3Store(KvStore):
     spec_type: ClassVar[type[S3Spec]] = S3Spec
     #: a LIST carries LastModified, not the ``mtime`` metadata: ``stat`` reports that
     listing_mtimes: ClassVar[bool] = False
+    #: one request per folder is the cost of a chunk tree listed folder by folder; a walk
+    #: answers 1,000 keys of any folders per request
+    flat_listing_preferred: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -255,19 +261,35 @@ class S3Store(KvStore):
         keys: list[KeyInfo] = []
         prefixes: list[str] = []
         for page in self._pages(prefix, delimiter):
-            for obj in page.get("Contents", ()):
-                rel = self._relative(obj["Key"])
-                if rel is not None:
-                    keys.append(KeyInfo(rel, int(obj["Size"]), obj["LastModified"].timestamp()))
+            keys.extend(self._infos(page))
             for common in page.get("CommonPrefixes", ()):
                 rel = self._relative(common["Prefix"], as_prefix=True)
                 if rel is not None:
                     prefixes.append(rel)
         return Listing(tuple(keys), tuple(prefixes))
 
-    def _pages(self, prefix: str, delimiter: str | None) -> Iterator[dict[str, Any]]:
+    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
+        """Page by page, in key order (S3 lists in UTF-8 byte order, which is the order of
+        Python strings), at most :data:`WALK_PAGE` keys a request: a page is requested when
+        the caller gets to it, so a caller that stops early stops the requests, and a key
+        was read no earlier than the caller asked for the key a page before it."""
+        check_prefix(prefix)
+        for page in self._pages(prefix, None, page_size=WALK_PAGE):
+            yield from self._infos(page)
+
+    def _infos(self, page: Mapping[str, Any]) -> Iterator[KeyInfo]:
+        for obj in page.get("Contents", ()):
+            rel = self._relative(obj["Key"])
+            if rel is not None:
+                yield KeyInfo(rel, int(obj["Size"]), obj["LastModified"].timestamp())
+
+    def _pages(
+        self, prefix: str, delimiter: str | None, *, page_size: int | None = None
+    ) -> Iterator[dict[str, Any]]:
         """Pages of ListObjectsV2 under ``prefix`` (S3 answers 1,000 keys per page)."""
-        extra = {"Delimiter": delimiter} if delimiter else {}
+        extra: dict[str, Any] = {"Delimiter": delimiter} if delimiter else {}
+        if page_size is not None:
+            extra["PaginationConfig"] = {"PageSize": page_size}
         paginator = self._client.get_paginator("list_objects_v2")
         with self._errors(prefix):
             yield from paginator.paginate(

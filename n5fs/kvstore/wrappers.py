@@ -12,7 +12,7 @@ from n5fs.kvstore.keys import check_key, check_prefix
 
 if TYPE_CHECKING:
     import os
-    from collections.abc import Callable, Iterable, Sequence
+    from collections.abc import Callable, Iterable, Iterator, Sequence
 
     from n5fs.kvstore.spec import StoreSpec
     from n5fs.kvstore.tempnames import Leftover
@@ -51,6 +51,10 @@ class ForwardingStore(KvStore):
     def atomic_prefix_rename(self) -> bool:  # type: ignore[override]
         return self.inner.atomic_prefix_rename
 
+    @property
+    def flat_listing_preferred(self) -> bool:  # type: ignore[override]
+        return self.inner.flat_listing_preferred
+
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         return self.inner.get(key, byte_range)
 
@@ -65,6 +69,9 @@ class ForwardingStore(KvStore):
 
     def stat(self, key: str) -> KeyInfo | None:
         return self.inner.stat(key)
+
+    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
+        return self.inner.walk(prefix)
 
     def delete_prefix(self, prefix: str) -> int:
         return self.inner.delete_prefix(prefix)
@@ -263,6 +270,10 @@ class FaultyStore(ForwardingStore):
     def stat(self, key: str) -> KeyInfo | None:
         self._maybe_fail("stat", key)
         return super().stat(key)
+
+    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
+        self._maybe_fail("list", prefix)  # a walk is a listing: it fails as one
+        return super().walk(prefix)
 
     def delete_prefix(self, prefix: str) -> int:
         self._maybe_fail("delete_prefix", prefix)

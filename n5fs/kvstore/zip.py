@@ -78,6 +78,8 @@ class ZipStore(KvStore):
     """
 
     spec_type: ClassVar[type[ZipSpec]] = ZipSpec
+    #: the index is in memory: one walk of an array answers all its folders at once
+    flat_listing_preferred: ClassVar[bool] = True
 
     def __init__(
         self,
