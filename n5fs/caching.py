@@ -14,7 +14,15 @@ answers ENOENT until the TTL). Here every load is a *flight*:
 - values are immutable: ``replace`` swaps in ``change(old)``, it never mutates ``old`` in place,
   so a reader iterating a value can never see it change under it;
 - failures of the types named in ``negative`` are cached too (a negative entry), and re-raised
-  on a hit; others are never cached.
+  on a hit; others are never cached;
+- a *batch* (``batch``) answers many keys under one prefix from one load (a walk of a whole
+  array answers every folder below it), each value with the time its own read began. The
+  rule holds key by key: every invalidation of a key under the batch's prefix while the batch
+  is open is noted with its time, and a value read before that time is not stored; a value
+  read after it is (it saw the change). A batch only fills holes: a key with a live entry
+  keeps it (every change since that entry's load patched it, so it is as current as this
+  cache can know). A batch is not single-flight by itself: its owner shares it (the
+  gateway's walks of arrays).
 
 Lock discipline: one internal lock guards the entries and the flight table; it is held only for
 dictionary operations, never while a loader runs, so a loader may use other caches (the
@@ -27,13 +35,16 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
 
 Clock = Callable[[], float]
+
+#: ``Batch.fill`` stores this many values per hold of the lock
+_FILL_SLICE = 1024
 
 
 @dataclass(eq=False)
@@ -44,6 +55,47 @@ class _Flight(Generic[V]):
     value: V | None = None
     error: BaseException | None = None
     stale: bool = False
+
+
+class Batch(Generic[V]):
+    """An open batch of one cache (:meth:`LoadingCache.batch`): what invalidations touched
+    under ``prefix`` since it opened, and when."""
+
+    def __init__(self, cache: LoadingCache[V], prefix: str) -> None:
+        self.cache = cache
+        self.prefix = prefix
+        self.touched: dict[str, float] = {}  # key -> time of its latest invalidation
+        #: (prefix, time) of invalidations of many keys at once (a prefix, ``clear``)
+        self.touched_under: list[tuple[str, float]] = []
+
+    def spoiled(self, key: str, born: float) -> bool:
+        """Did an invalidation of ``key`` come no earlier than a read that began at ``born``?"""
+        if self.touched.get(key, born - 1.0) >= born:
+            return True
+        return any(t >= born and key.startswith(p) for p, t in self.touched_under)
+
+    def fill(self, items: Iterable[tuple[str, V, float]]) -> int:
+        """Store each ``(key, value, born)`` — ``born`` the time the read behind ``value``
+        began — where the key has no live entry and ``spoiled`` says no; returns how many.
+
+        Stored :data:`_FILL_SLICE` at a time, the lock taken for each slice (a walk of
+        100,000 folders must not stall every other lookup); check and store of one key are
+        in one section, so no invalidation slips between them.
+        """
+        items = list(items)
+        stored = 0
+        for start in range(0, len(items), _FILL_SLICE):
+            stored += self.cache._fill(self, items[start : start + _FILL_SLICE])
+        return stored
+
+    def close(self) -> None:
+        self.cache._close(self)
+
+    def __enter__(self) -> Batch[V]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)
@@ -71,6 +123,7 @@ class LoadingCache(Generic[V]):
         self._negative = negative
         self._data: OrderedDict[str, _Entry[V]] = OrderedDict()
         self._flights: dict[str, _Flight[V]] = {}
+        self._batches: list[Batch[V]] = []
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -131,6 +184,33 @@ class LoadingCache(Generic[V]):
                 self.discarded += 1
         flight.done.set()
 
+    def batch(self, prefix: str) -> Batch[V]:
+        """Open a batch for keys under ``prefix`` (module docstring): open it before the
+        first read whose values it will ``fill``, close it after the last fill (any thread;
+        a ``with`` block closes it too)."""
+        batch = Batch(self, prefix)
+        with self._lock:
+            self._batches.append(batch)
+        return batch
+
+    def _close(self, batch: Batch[V]) -> None:
+        with self._lock:
+            if batch in self._batches:
+                self._batches.remove(batch)
+
+    def _fill(self, batch: Batch[V], items: list[tuple[str, V, float]]) -> int:
+        with self._lock:
+            now, stored = self._clock(), 0
+            for key, value, born in items:
+                if not key.startswith(batch.prefix):
+                    continue
+                if batch.spoiled(key, born):
+                    self.discarded += 1
+                elif self._fresh(key, now) is None:
+                    self._store(key, _Entry(born, value))
+                    stored += 1
+            return stored
+
     # -- writing -------------------------------------------------------------------------------
 
     def _store(self, key: str, entry: _Entry[V]) -> None:
@@ -163,6 +243,11 @@ class LoadingCache(Generic[V]):
         flight = self._flights.pop(key, None)
         if flight is not None:
             flight.stale = True
+        if self._batches:
+            now = self._clock()
+            for batch in self._batches:
+                if key.startswith(batch.prefix):
+                    batch.touched[key] = now
 
     def invalidate(self, key: str) -> None:
         with self._lock:
@@ -173,6 +258,10 @@ class LoadingCache(Generic[V]):
         with self._lock:
             for key in [k for k in self._flights if k.startswith(prefix)]:
                 self._ground(key)
+            now = self._clock()
+            for batch in self._batches:
+                if batch.prefix.startswith(prefix) or prefix.startswith(batch.prefix):
+                    batch.touched_under.append((prefix, now))
             stale = [k for k in self._data if k.startswith(prefix)]
             for key in stale:
                 del self._data[key]
@@ -182,6 +271,9 @@ class LoadingCache(Generic[V]):
         with self._lock:
             for key in list(self._flights):
                 self._ground(key)
+            now = self._clock()
+            for batch in self._batches:
+                batch.touched_under.append(("", now))
             self._data.clear()
 
     def __len__(self) -> int:
