@@ -92,6 +92,9 @@ class GatewayConfig:
     max_rejections: int = 10_000
     #: list ``/.n5fs`` in the root folder (``-o show_control``); it is reachable either way
     show_control: bool = False
+    #: keys one flat listing of an array may read (stores that prefer them: S3, zip); the
+    #: folders of a larger array's chunk tree past that are listed one by one; 0: never
+    flat_list_keys: int = 100_000
     #: when a commit to a local file store is on disk (``-o durable=``): ``fsync`` at the
     #: next ``fsync()`` or unmount, as on a local filesystem; ``commit`` before ``close()``
     #: returns (two fsyncs per file, the larger part of the write path's cost)
@@ -126,6 +129,7 @@ class Gateway:
             writable=not self.read_only,
             control=self._control_bytes,
             show_control=cfg.show_control,
+            flat_keys=cfg.flat_list_keys,
         )
         self.reader = ObjectReader(
             store,

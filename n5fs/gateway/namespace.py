@@ -144,6 +144,59 @@ class DirEntries:
         return cls(FileMap(files), frozenset(dirs))
 
 
+@dataclass
+class _OpenFolder:
+    """A folder a flat listing is still inside (mutable while it fills)."""
+
+    prefix: str
+    born: float  # when the read of its first key began
+    files: dict[str, KeyInfo] = field(default_factory=dict)
+    dirs: set[str] = field(default_factory=set)
+
+    def entries(self) -> tuple[str, DirEntries, float]:
+        return self.prefix, DirEntries(FileMap(self.files), frozenset(self.dirs)), self.born
+
+
+class FolderSplitter:
+    """Per-folder entries from a flat (delimiter-less) listing of ``prefix`` that comes in
+    key order: a folder's keys are then one run, so a folder is whole as soon as a key
+    outside it arrives, and is handed out at once (the listing is never held twice: only the
+    folders on the path to the latest key are open).
+
+    ``add`` returns the folders the key closed, ``finish`` the rest (call it only when the
+    listing ended; a listing cut short leaves its open folders unanswered). Each comes with
+    the time the read of its first key began (``born``), the age a cache must give it.
+    """
+
+    def __init__(self, prefix: str, born: float) -> None:
+        self._open = [_OpenFolder(prefix, born)]
+        self._last = ""
+
+    def add(self, info: KeyInfo, born: float) -> list[tuple[str, DirEntries, float]]:
+        key = info.key
+        if key <= self._last:
+            raise ValueError(f"listing not in key order: {key!r} after {self._last!r}")
+        self._last = key
+        folder = key[: key.rfind("/") + 1]
+        root = self._open[0].prefix
+        if not folder.startswith(root) or (not root and is_control(key)):
+            return []  # not below (a store answering more than asked); the control name hides
+        closed = []
+        while not folder.startswith(self._open[-1].prefix):
+            closed.append(self._open.pop().entries())
+        while (top := self._open[-1]).prefix != folder:
+            sub = folder[: folder.index("/", len(top.prefix)) + 1]
+            top.dirs.add(sub[len(top.prefix) : -1])
+            self._open.append(_OpenFolder(sub, born))
+        self._open[-1].files[key[len(folder) :]] = info
+        return closed
+
+    def finish(self) -> list[tuple[str, DirEntries, float]]:
+        closed = [folder.entries() for folder in reversed(self._open)]
+        self._open = self._open[:1]
+        return closed
+
+
 def statfs_of(root: object) -> dict[str, int]:
     """The backing filesystem's numbers for a file store; generous fixed ones otherwise."""
     if isinstance(root, (str, os.PathLike)) and os.path.isdir(root):

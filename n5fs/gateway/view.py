@@ -7,6 +7,12 @@ State and locks:
   folder however many threads miss it; a LIST that began before one of our commits is never
   stored; our commits replace the cached value with a patched copy, so a committed name is
   visible to ``stat`` and ``readdir`` the moment the commit returns);
+- walks (:mod:`~n5fs.gateway.walks`): on a store that prefers flat listings, the first miss
+  of a folder of an array's chunk tree walks the whole array once and fills the listing of
+  every folder it covers (never one a commit touched meanwhile, never over a live one);
+- a folder that the cached listing of a folder above does not name holds no key: it is
+  answered empty without a LIST and without a cache entry (a commit there patches the folder
+  above, so the next question sees it);
 - virtual directories (``mkdir`` on a store without empty prefixes): a set under ``_vlock``,
   a leaf lock;
 - uncommitted new files come from :class:`~n5fs.gateway.handles.OpenFiles` (its own locks).
@@ -22,7 +28,9 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING
 
+from n5fs.detect import FolderKind
 from n5fs.errors import DetectionFailed, KeyNotFound, NotAPrefix, Rejected
+from n5fs.formats.registry import PROBE_NAMES
 from n5fs.gateway.cache import LoadingCache
 from n5fs.gateway.links import links_of
 from n5fs.gateway.namespace import (
@@ -33,6 +41,7 @@ from n5fs.gateway.namespace import (
     EntryKind,
     is_control,
 )
+from n5fs.gateway.walks import ArrayWalks
 from n5fs.kvstore.base import KeyInfo
 from n5fs.kvstore.keys import basename, dir_prefix, parent
 
@@ -42,6 +51,9 @@ if TYPE_CHECKING:
     from n5fs.detect import Detector
     from n5fs.gateway.handles import OpenFiles
     from n5fs.kvstore.base import KvStore
+
+#: the listing of a folder that holds no key
+_EMPTY = DirEntries()
 
 
 class NamespaceView:
@@ -56,6 +68,7 @@ class NamespaceView:
         writable: bool,
         control: Callable[[str], bytes],
         show_control: bool = False,
+        flat_keys: int = 100_000,
     ) -> None:
         self.store = store
         self.detector = detector
@@ -64,15 +77,62 @@ class NamespaceView:
         self.show_control = show_control
         self._control = control
         self.listings: LoadingCache[DirEntries] = LoadingCache(ttl, clock=clock)
+        self.walks = ArrayWalks(store, self.listings, budget=flat_keys, ttl=ttl, clock=clock)
         self._vdirs: set[str] = set()
         self._vlock = threading.Lock()
 
     # -- listings ------------------------------------------------------------------------------
 
     def entries(self, prefix: str) -> DirEntries:
-        return self.listings.load(
-            prefix, lambda: DirEntries.from_listing(prefix, self.store.list(prefix))
-        )
+        if self.listings.get(prefix) is None:
+            if self._absent(prefix):
+                return _EMPTY
+            if self._walked(prefix) and self._absent(prefix):
+                return _EMPTY  # the walk found no key there
+        return self.listings.load(prefix, partial(self._list_one, prefix))
+
+    def _list_one(self, prefix: str) -> DirEntries:
+        return DirEntries.from_listing(prefix, self.store.list(prefix))
+
+    def _absent(self, prefix: str) -> bool:
+        """Does the nearest folder above ``prefix`` with a cached listing leave it out (so it
+        holds no key)? Only cached listings are asked: never a LIST."""
+        child = prefix.rstrip("/")
+        while child:
+            known = self.listings.get(dir_prefix(parent(child)))
+            if known is not None:
+                return basename(child) not in known.dirs
+            child = parent(child)
+        return False
+
+    def _walked(self, prefix: str) -> bool:
+        """If detection says ``prefix`` is an array or one of its chunk folders and the store
+        prefers flat listings, wait until the array's walk answered it; False otherwise."""
+        if not self.walks.enabled or not self._maybe_below_node(prefix):
+            return False
+        try:
+            folder = self.detector.folder(prefix)
+            if folder.kind is FolderKind.CHUNKS and folder.array_prefix is not None:
+                folder = self.detector.folder(folder.array_prefix)
+        except (DetectionFailed, Rejected):
+            return False  # a broken folder is listed as it is, folder by folder
+        if folder.kind is not FolderKind.ARRAY:
+            return False
+        self.walks.wait_for(folder.prefix, prefix, folder.array)
+        return True
+
+    def _maybe_below_node(self, prefix: str) -> bool:
+        """False when the cached listings of every folder above ``prefix`` hold no metadata
+        name: it is then no array's chunk folder, and the probes a detection would send
+        (five GETs on S3) are spared in plain trees; an array's own folder is then listed
+        by itself, and its chunk folders are walked at their first miss."""
+        child = prefix.rstrip("/")
+        while child:
+            known = self.listings.get(dir_prefix(parent(child)))
+            if known is None or any(name in known.files for name in PROBE_NAMES):
+                return True
+            child = parent(child)
+        return False
 
     def info(self, key: str) -> KeyInfo | None:
         """The stored object's size and mtime, as the folder's listing says."""
@@ -226,7 +286,8 @@ class NamespaceView:
             }
             if empty and not self.store.empty_prefixes:
                 self._vdirs.add(dst)
-        self.listings.clear()
+        self.clear()
 
     def clear(self) -> None:
         self.listings.clear()
+        self.walks.clear()

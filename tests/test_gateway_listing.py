@@ -1,0 +1,393 @@
+"""Array-aware listings (issue 12): one walk of an array answers every folder of its chunk
+tree on stores that prefer flat listings (memory, S3), folder by folder on a file store;
+bounded by a key budget; never hides a commit (the batch rule of n5fs/caching.py, with a
+deterministic race); plain trees are not probed."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from n5fs.caching import LoadingCache
+from n5fs.errors import KeyNotFound, StoreUnavailable
+from n5fs.gateway import EntryKind, Gateway, GatewayConfig
+from n5fs.gateway import walks as walks_module
+from n5fs.gateway.namespace import FolderSplitter
+from n5fs.kvstore.base import KeyInfo, KvStore, Listing
+from n5fs.kvstore.file import FileStore
+from n5fs.kvstore.memory import MemoryStore
+from n5fs.kvstore.wrappers import FaultyStore, ForwardingStore
+
+WAIT = 30.0
+ROWS, COLS = 12, 5  # a 24 x 10 array in 2 x 2 chunks: 12 chunk folders of 5 chunks
+
+
+class CountingStore(ForwardingStore):
+    """Counts listings by prefix (walks apart) and probe batches; thread-safe (walks run on
+    the gateway's workers)."""
+
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self.lists: Counter[str] = Counter()
+        self.walks: Counter[str] = Counter()
+        self.probes = 0
+        self._lock = threading.Lock()
+
+    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+        with self._lock:
+            self.lists[prefix] += 1
+        return super().list(prefix, delimiter)
+
+    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
+        with self._lock:
+            self.walks[prefix] += 1
+        return super().walk(prefix)
+
+    def get_many(self, keys):  # type: ignore[no-untyped-def]
+        with self._lock:
+            self.probes += 1
+        return super().get_many(keys)
+
+    def below(self, prefix: str) -> int:
+        """LISTs of folders inside ``prefix`` (the folder itself included)."""
+        return sum(n for p, n in self.lists.items() if p.startswith(prefix))
+
+
+def zarr_v2_nested(tmp: Path, rows: int = ROWS, cols: int = COLS) -> dict[str, bytes]:
+    """A Zarr v2 array with dimension_separator "/" as zarr-python 3 writes it: key -> bytes.
+    Its grid has two more rows of chunks than are written (chunk folders that do not exist)."""
+    values = (np.arange(rows * 2 * cols * 2) % 251 + 1).astype("uint16").reshape(rows * 2, -1)
+    array = zarr.create_array(
+        store=str(tmp / "arr"), shape=(rows * 2 + 4, cols * 2), chunks=(2, 2), dtype="uint16",
+        zarr_format=2, chunk_key_encoding={"name": "v2", "separator": "/"},
+        compressors=None, fill_value=0,
+    )  # fmt: skip
+    array[: rows * 2] = values
+    return {
+        path.relative_to(tmp).as_posix(): path.read_bytes()
+        for path in sorted(tmp.joinpath("arr").rglob("*"))
+        if path.is_file()
+    }
+
+
+def new_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> KvStore:
+    if kind == "memory":
+        return MemoryStore()
+    if kind == "file":
+        return FileStore(tmp_path / "store")
+    server = request.getfixturevalue("s3_server")
+    bucket = request.getfixturevalue("s3_bucket")
+    from n5fs.kvstore import open_store
+
+    return open_store({"driver": "s3", "bucket": bucket, "path": "gw/",
+                       "endpoint": server.endpoint})  # fmt: skip
+
+
+@pytest.fixture(params=["memory", "file", pytest.param("s3", marks=pytest.mark.s3)])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def array(tmp_path: Path) -> dict[str, bytes]:
+    return zarr_v2_nested(tmp_path / "written")
+
+
+@pytest.fixture
+def counted(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+            array: dict[str, bytes]) -> CountingStore:  # fmt: skip
+    inner = new_store(kind, request, tmp_path)
+    for key, value in array.items():
+        inner.set(key, value)
+    return CountingStore(inner)
+
+
+def chunk_keys() -> list[str]:
+    return [f"arr/{i}/{j}" for i in range(ROWS) for j in range(COLS)]
+
+
+# -- one walk per array -------------------------------------------------------------------------
+
+
+def test_every_chunk_lookup_of_a_nested_array_costs_one_walk(counted: CountingStore) -> None:
+    gw = Gateway(counted)
+    for key in chunk_keys():
+        assert gw.stat("/" + key).kind is EntryKind.FILE
+    if counted.flat_listing_preferred:
+        assert counted.walks == {"arr/": 1}  # one walk answered all 12 folders
+        assert counted.below("arr/") == 0
+    else:  # a directory on disk: one scandir per folder is cheaper than a walk
+        assert not counted.walks
+        assert counted.below("arr/") == ROWS
+    assert gw.stat("/arr").kind is EntryKind.DIR  # lists the root (no array there)
+    before = (sum(counted.lists.values()), sum(counted.walks.values()))
+    with pytest.raises(KeyNotFound):
+        gw.stat("/arr/3/99")  # absent chunk in a folder that exists
+    with pytest.raises(KeyNotFound):
+        gw.stat("/arr/77/0")  # absent folder: the array's listing does not name it
+    assert gw.lookup("/arr/77") is None
+    for i in range(ROWS):
+        names = [name for name, _ in gw.readdir(f"/arr/{i}")]
+        assert names == [str(j) for j in range(COLS)]
+    names = [n for n, _ in gw.readdir("/arr")]
+    assert names == sorted([".zarray", ".zattrs", *map(str, range(ROWS))])
+    if counted.flat_listing_preferred:  # the file store LISTs arr/ and arr/77/ (a scandir each)
+        assert (sum(counted.lists.values()), sum(counted.walks.values())) == before
+
+
+def test_reads_answer_the_written_values(counted: CountingStore, array: dict[str, bytes]) -> None:
+    gw = Gateway(counted)
+    for key in chunk_keys()[::7]:
+        assert gw.read_file("/" + key) == array[key]
+
+
+def test_commit_is_visible_at_once_and_outside_writes_after_the_ttl(
+    counted: CountingStore, array: dict[str, bytes]
+) -> None:
+    now = [0.0]
+    gw = Gateway(counted, GatewayConfig(ttl=5.0), clock=lambda: now[0])
+    assert gw.stat("/arr/0/0").kind is EntryKind.FILE  # the walk ran
+    chunk = array["arr/0/0"]
+    gw.write_file("/arr/2/4", chunk[::-1])  # a chunk folder the walk filled
+    assert gw.read_file("/arr/2/4") == chunk[::-1]
+    gw.write_file("/arr/12/0", chunk)  # a folder the walk found absent
+    assert gw.stat("/arr/12/0").size == len(chunk)
+    assert "12" in [n for n, _ in gw.readdir("/arr")]
+    assert [n for n, _ in gw.readdir("/arr/12")] == ["0"]
+    counted.inner.set("arr/13/1", chunk)  # someone else writes the store
+    with pytest.raises(KeyNotFound):
+        gw.stat("/arr/13/1")  # the cached listing of arr/ does not name 13 yet
+    now[0] = 5.0
+    assert gw.stat("/arr/13/1").size == len(chunk)
+    counted.inner.set("arr/13/2", chunk)
+    assert gw.lookup("/arr/13/2") is None
+    gw.drop_caches()
+    assert gw.lookup("/arr/13/2") is not None
+    if counted.flat_listing_preferred:
+        assert counted.walks == {"arr/": 3}  # at first, after the TTL, after drop_caches
+
+
+def test_walk_budget_leaves_the_rest_to_folder_listings(counted: CountingStore) -> None:
+    """A budget of 13 keys: .zarray, .zattrs, arr/0/* and arr/1/* (5 each) and arr/10/0
+    (in key order); arr/0/ and arr/1/ are answered by the walk, every other folder (arr/
+    included: its keys may go on) by its own LIST."""
+    gw = Gateway(counted, GatewayConfig(flat_list_keys=13))
+    for key in chunk_keys():
+        assert gw.stat("/" + key).kind is EntryKind.FILE
+    with pytest.raises(KeyNotFound):
+        gw.stat("/arr/5/9")
+    if counted.flat_listing_preferred:
+        assert counted.walks == {"arr/": 1}
+        assert counted.lists == {f"arr/{i}/": 1 for i in range(2, ROWS)}
+
+
+def test_flat_listings_off(counted: CountingStore) -> None:
+    gw = Gateway(counted, GatewayConfig(flat_list_keys=0))
+    for key in chunk_keys():
+        gw.stat("/" + key)
+    assert not counted.walks
+    assert counted.lists == {f"arr/{i}/": 1 for i in range(ROWS)}
+
+
+def test_big_array_is_split_and_walked_in_parallel(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With pages of 4 keys, a 3-level array of 3 x 4 x 4 chunks is split: one LIST of the
+    array names its first-level folders, each walked flat, several pages each."""
+    monkeypatch.setattr(walks_module, "PAGE", 4)
+    written = tmp_path / "written"
+    values = np.arange(6 * 8 * 8, dtype="uint8").reshape(6, 8, 8)
+    array = zarr.create_array(
+        store=str(written / "arr"), shape=values.shape, chunks=(2, 2, 2), dtype="uint8",
+        zarr_format=2, chunk_key_encoding={"name": "v2", "separator": "/"}, compressors=None,
+    )  # fmt: skip
+    array[...] = values
+    inner = new_store(kind, request, tmp_path)
+    for path in written.rglob("*"):
+        if path.is_file():
+            inner.set(path.relative_to(written).as_posix(), path.read_bytes())
+    store = CountingStore(inner)
+    gw = Gateway(store)
+    for i in range(3):
+        for j in range(4):
+            assert [n for n, _ in gw.readdir(f"/arr/{i}/{j}")] == ["0", "1", "2", "3"]
+            assert (
+                gw.read_file(f"/arr/{i}/{j}/3")
+                == values[2 * i : 2 * i + 2, 2 * j : 2 * j + 2, 6:8].tobytes()
+            )
+    if store.flat_listing_preferred:
+        assert store.walks == {"arr/0/": 1, "arr/1/": 1, "arr/2/": 1}
+        assert store.below("arr/") == 1 == store.lists["arr/"]  # the plan's LIST
+    else:
+        assert store.below("arr/") == 3 + 12
+
+
+class HeldWalks(ForwardingStore):
+    """Holds every walk until released (LISTs pass)."""
+
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self.opened = threading.Event()
+
+    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
+        assert self.opened.wait(WAIT), "the walks were never released"
+        return super().walk(prefix)
+
+
+@pytest.mark.parametrize("page", [2, 6])  # 70 keys in 12 folders: split, or one walk
+def test_a_big_array_answers_its_own_folder_before_its_chunk_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, page: int
+) -> None:
+    """``ls`` of a big array's folder waits for the plan's one LIST, not for the walk of its
+    chunk tree (split into first-level folders or not)."""
+    monkeypatch.setattr(walks_module, "PAGE", page)
+    store = HeldWalks(MemoryStore())
+    for key, value in zarr_v2_nested(tmp_path).items():
+        store.inner.set(key, value)
+    store.inner.set(".zgroup", b'{"zarr_format": 2}')  # in a group: its folder is walked too
+    gw = Gateway(store)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            names = pool.submit(gw.readdir, "/arr")  # starts the walk; its chunk tree is held
+            assert len(names.result(WAIT)) == 2 + ROWS  # type: ignore[arg-type]
+    finally:
+        store.opened.set()
+    assert gw.stat("/arr/3/1").kind is EntryKind.FILE
+
+
+def test_plain_trees_are_not_probed() -> None:
+    """Outside arrays the first miss of a folder costs its LIST, not a detection (five GETs
+    on S3): the cached listings above it hold no metadata name. Paths resolved one name at a
+    time, as the kernel does."""
+    inner = MemoryStore()
+    for i in range(5):
+        inner.set(f"docs/{i}/notes.txt", b"x")
+    store = CountingStore(inner)
+    gw = Gateway(store)
+    assert gw.lookup("/docs") is not None  # lists the root
+    probes = store.probes
+    for i in range(5):
+        assert gw.stat(f"/docs/{i}").kind is EntryKind.DIR
+        assert gw.stat(f"/docs/{i}/notes.txt").size == 1
+    assert store.probes == probes
+    assert not store.walks
+
+
+def test_failed_walk_falls_back_to_folder_listings(array: dict[str, bytes]) -> None:
+    inner = MemoryStore()
+    for key, value in array.items():
+        inner.set(key, value)
+    faulty = FaultyStore(inner)
+    faulty.fail("list", StoreUnavailable, when=lambda prefix: prefix == "arr/")
+    gw = Gateway(faulty)
+    assert gw.stat("/arr/4/2").kind is EntryKind.FILE  # the walk failed; arr/4/ listed alone
+    assert faulty.calls["list"] >= 2
+
+
+# -- the batch rule: a walk never hides a commit ------------------------------------------------
+
+
+class GatedWalks(ForwardingStore):
+    """Pauses the first walk of ``arr/`` between its LIST (done) and its answer (not yet
+    handed to the gateway), until released."""
+
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self.armed = False
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+
+    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
+        keys = list(self.inner.walk(prefix))  # the store has answered
+        if self.armed and prefix == "arr/":
+            self.armed = False
+            self.reached.set()
+            assert self.opened.wait(WAIT), "the walk gate was never released"
+        return iter(keys)
+
+
+@pytest.mark.parametrize("commit_at", [10.0, 11.0])  # same clock tick as the walk, or later
+def test_walk_loaded_before_a_commit_does_not_hide_it(
+    array: dict[str, bytes], commit_at: float
+) -> None:
+    inner = MemoryStore()
+    for key, value in array.items():
+        if key != "arr/1/4":  # the chunk the commit will add to an existing folder
+            inner.set(key, value)
+    store = GatedWalks(inner)
+    now = [0.0]
+    gw = Gateway(store, GatewayConfig(ttl=5.0), clock=lambda: now[0])
+    fh = gw.create("/arr/1/4", os.O_WRONLY)  # looked up now (a first walk ran)
+    gw.write(fh, array["arr/1/4"], 0)
+    now[0] = 10.0  # every listing and the first walk expire
+    store.armed = True
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            lister = pool.submit(gw.readdir, "/arr/1")  # starts the second walk
+            assert store.reached.wait(WAIT), "the walk never started"
+            now[0] = commit_at
+            gw.flush(fh)  # the commit lands while the walk's answer (without it) is on its way
+            gw.release(fh)
+            store.opened.set()
+            lister.result(WAIT)  # its question began before the commit: either answer is right
+    finally:
+        store.opened.set()
+    assert gw.stat("/arr/1/4").size == len(array["arr/1/4"])
+    assert [name for name, _ in gw.readdir("/arr/1")] == ["0", "1", "2", "3", "4"]
+    assert gw.view.listings.discarded >= 1  # the walk's arr/1/ was not stored
+
+
+def test_batch_stores_holes_read_after_every_touch() -> None:
+    now = [0.0]
+    cache: LoadingCache[str] = LoadingCache(None, clock=lambda: now[0])
+    cache.put("d/live", "patched")
+    with cache.batch("d/") as batch:
+        now[0] = 1.0
+        cache.invalidate("d/early")  # before the reads below began
+        cache.replace("d/late", lambda v: v)  # a change of a hole: it grounds the key
+        cache.put("x/outside", "x")
+        now[0] = 2.0
+        stored = batch.fill([("d/early", "read at 1.5", 1.5), ("d/late", "read at 0.5", 0.5),
+                             ("d/live", "walked", 0.5), ("d/new", "read at 0", 0.0),
+                             ("e/other", "not under d/", 0.0)])  # fmt: skip
+    assert stored == 2
+    assert cache.get("d/early") == "read at 1.5"  # read after its invalidation: current
+    assert cache.get("d/late") is None  # read before its change: never stored
+    assert cache.get("d/live") == "patched"  # live entries are never overwritten
+    assert cache.get("d/new") == "read at 0"
+    assert cache.get("e/other") is None
+    with cache.batch("d/") as batch:
+        cache.clear()  # drop_caches: everything read before it is spoiled
+        assert batch.fill([("d/a", "a", 2.0)]) == 0
+        now[0] = 3.0
+        assert batch.fill([("d/b", "b", 3.0)]) == 1  # read after the clear: stored
+    with cache.batch("d/") as batch:
+        cache.invalidate_prefix("d/sub/")
+        assert batch.fill([("d/sub/a", "a", 3.0), ("d/other", "o", 3.0)]) == 1
+
+
+def test_splitter_hands_out_each_folder_once_it_is_whole() -> None:
+    splitter = FolderSplitter("a/", born=0.0)
+    closed = []
+    for when, key in enumerate(["a/.zarray", "a/0/0", "a/0/1", "a/1/0", "a/1/2/x", "a/z"]):
+        closed += [(prefix, born) for prefix, _, born in splitter.add(KeyInfo(key, 1), when)]
+    assert closed == [("a/0/", 1), ("a/1/2/", 4), ("a/1/", 3)]
+    rest = {prefix: entries for prefix, entries, _ in splitter.finish()}
+    assert sorted(rest["a/"].files) == [".zarray", "z"]
+    assert rest["a/"].dirs == {"0", "1"}
+    with pytest.raises(ValueError, match="key order"):
+        splitter.add(KeyInfo("a/0/5", 1), 9.0)
+    root = FolderSplitter("", born=0.0)  # the control name hides stored keys at the root
+    for key in [".n5fs", ".n5fs/x", "f"]:
+        root.add(KeyInfo(key, 1), 0.0)
+    [(_, entries, _)] = root.finish()
+    assert list(entries.files) == ["f"]
+    assert not entries.dirs
