@@ -5,20 +5,34 @@ port 0, and stops at the end), each beside direct access in the same run (``os.s
 ``stat``; a bare boto3 paginator), so the table shows what the store layer costs.
 
     /work/venv/bin/python scripts/bench_list.py [--keys 2500] [--repeat 5]
+
+``--array AxBx...`` measures the gateway instead, on S3 (moto): a Zarr v2 array with
+dimension_separator "/" and a chunk grid of A x B x ... (one chunk folder per position of
+all but the last index); a stat of every chunk key (in grid order) and a ``find``-like walk
+of ``readdir`` calls (in name order), each on a fresh gateway, with array walks (one flat
+listing of the array) and without (one LIST per folder), and the requests each made (pages
+of a walk). Indicative: moto answers every LIST by scanning the whole bucket, and a stat of
+a file on S3 is a HEAD besides (the kept mtime).
+
+    /work/venv/bin/python scripts/bench_list.py --array 400x32
+    /work/venv/bin/python scripts/bench_list.py --array 40x40x32   # 51,200 chunks, 1,641 folders
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import boto3
 
@@ -27,7 +41,9 @@ from n5fs.kvstore.spec import S3Spec
 from n5fs.testing.moto_server import moto_server
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
+
+    from n5fs.kvstore.base import KeyInfo, Listing
 
 try:
     from n5fs.kvstore.file import FileStore
@@ -117,6 +133,70 @@ def bench_s3(names: list[str], repeat: int) -> Results:
             store.close()
 
 
+def upload(client: Any, bucket: str, items: dict[str, bytes]) -> None:
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda kv: client.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]),
+                      items.items()))  # fmt: skip
+
+
+def bench_array(grid: tuple[int, ...]) -> None:
+    """The gateway over a nested Zarr v2 array on moto: walks on and off (module docstring)."""
+    from n5fs.gateway import EntryKind, Gateway, GatewayConfig
+    from n5fs.kvstore.wrappers import ForwardingStore
+
+    class Counting(ForwardingStore):
+        requests = 0
+        lock = threading.Lock()  # walks run on the gateway's workers
+
+        def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+            with self.lock:
+                self.requests += 1
+            return super().list(prefix, delimiter)
+
+        def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
+            for n, info in enumerate(super().walk(prefix)):
+                if n % 1000 == 0:  # a page a request
+                    with self.lock:
+                        self.requests += 1
+                yield info
+
+    zarray = {"zarr_format": 2, "shape": list(grid), "chunks": [1] * len(grid), "dtype": "|u1",
+              "compressor": None, "fill_value": 0, "order": "C", "filters": None,
+              "dimension_separator": "/"}  # fmt: skip
+    positions = itertools.product(*(range(n) for n in grid))
+    items = {"arr/" + "/".join(map(str, p)): b"\x01" for p in positions}
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    with moto_server() as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        bucket = f"bench-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=bucket)
+        upload(client, bucket, {"arr/.zarray": json.dumps(zarray).encode(), **items})
+        spec = S3Spec(bucket=bucket, endpoint=endpoint, aws_region="us-east-1")
+
+        def stat_all(gw: Gateway) -> int:
+            return sum(gw.stat("/" + key).kind is EntryKind.FILE for key in items)
+
+        def find(gw: Gateway, path: str = "/arr") -> int:
+            entries = gw.readdir(path)
+            subs = [f"{path}/{n}" for n, attr in entries if attr.kind is EntryKind.DIR]
+            return len(entries) + sum(find(gw, sub) for sub in subs)
+
+        shape = "x".join(map(str, grid))
+        print(f"\nZarr v2 array on moto: grid {shape}, {len(items)} chunks (fresh gateway each)")
+        print(f"{'what':28} {'walks':>6} {'seconds':>9} {'requests':>9}")
+        for what, run in (("stat every chunk", stat_all), ("find (readdir walk)", find)):
+            for budget in (100_000, 0):
+                store = Counting(S3Store(spec))
+                gw = Gateway(store, GatewayConfig(read_only=True, flat_list_keys=budget))
+                start = time.perf_counter()
+                run(gw)
+                seconds = time.perf_counter() - start
+                walks = "on" if budget else "off"
+                print(f"{what:28} {walks:>6} {seconds:9.2f} {store.requests:9d}")
+                gw.close()
+
+
 def report(results: Results, keys: int, repeat: int) -> None:
     print(f"\nlisting one folder of {keys} keys with delimiter '/', best and median of {repeat}")
     print(
@@ -139,7 +219,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=2500)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--array", metavar="AxBx...",
+                        help="measure the gateway over a nested array on S3 instead")  # fmt: skip
     args = parser.parse_args()
+    if args.array:
+        bench_array(tuple(int(n) for n in args.array.lower().split("x")))
+        return 0
     names = chunk_names(args.keys)
     results = bench_file(names, args.repeat)
     if not results:
