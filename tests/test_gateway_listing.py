@@ -91,6 +91,13 @@ def new_store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> KvSt
                        "endpoint": server.endpoint})  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def patient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiters wait for the walk (a slow moto page must not make a waiter list its folder
+    alone and change the counts); the test of patience lowers it."""
+    monkeypatch.setattr(walks_module, "MIN_PATIENCE", WAIT)
+
+
 @pytest.fixture(params=["memory", "file", pytest.param("s3", marks=pytest.mark.s3)])
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -228,6 +235,89 @@ def test_big_array_is_split_and_walked_in_parallel(
         assert store.below("arr/") == 1 == store.lists["arr/"]  # the plan's LIST
     else:
         assert store.below("arr/") == 3 + 12
+
+
+def twelve_parts(tmp: Path) -> dict[str, bytes]:
+    """A 3-level Zarr v2 array of 12 x 2 x 2 chunks written by zarr-python: key -> bytes."""
+    array = zarr.create_array(
+        store=str(tmp / "arr"), shape=(24, 4, 4), chunks=(2, 2, 2), dtype="uint8",
+        zarr_format=2, chunk_key_encoding={"name": "v2", "separator": "/"}, compressors=None,
+    )  # fmt: skip
+    array[...] = np.arange(24 * 16, dtype="uint8").reshape(24, 4, 4)
+    return {
+        path.relative_to(tmp).as_posix(): path.read_bytes()
+        for path in tmp.rglob("*")
+        if path.is_file()
+    }
+
+
+def settle(gw: Gateway) -> None:
+    """Wait until no walk of ``gw`` reads anything (parts read ahead run in the background)."""
+    for walk in list(gw.view.walks._walks.values()):
+        with walk.cond:
+            assert walk.cond.wait_for(lambda w=walk: not w.running, WAIT)
+
+
+def test_parts_are_walked_when_needed_and_again_after_the_ttl(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Split into 12 first-level folders (pages of 2 keys), a lookup in ``arr/1/`` walks that
+    part and the next in name order (``arr/10/``) and in grid order (``arr/2/``), no other;
+    past the TTL, a lookup there walks those again, and nothing else."""
+    monkeypatch.setattr(walks_module, "PAGE", 2)
+    store = CountingStore(MemoryStore())
+    for key, value in twelve_parts(tmp_path).items():
+        store.inner.set(key, value)
+    now = [0.0]
+    gw = Gateway(store, GatewayConfig(ttl=5.0), clock=lambda: now[0])
+    assert gw.stat("/arr/1/0/1").kind is EntryKind.FILE
+    settle(gw)
+    assert store.walks == {"arr/1/": 1, "arr/10/": 1, "arr/2/": 1}
+    assert store.lists == {"arr/": 1}  # the plan
+    for i in (1, 2, 10):
+        assert [n for n, _ in gw.readdir(f"/arr/{i}/1")] == ["0", "1"]
+    assert sum(store.walks.values()) == 3
+    assert store.lists == {"arr/": 1}
+    now[0] = 6.0
+    assert gw.stat("/arr/2/1/0").kind is EntryKind.FILE
+    settle(gw)
+    assert store.walks == {"arr/1/": 1, "arr/10/": 1, "arr/2/": 2, "arr/3/": 1}
+
+
+class HeldPart(ForwardingStore):
+    """Holds the walk of one prefix until released."""
+
+    def __init__(self, inner: KvStore, prefix: str) -> None:
+        super().__init__(inner)
+        self.prefix = prefix
+        self.opened = threading.Event()
+
+    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
+        if prefix == self.prefix:
+            assert self.opened.wait(WAIT), "the walk was never released"
+        return super().walk(prefix)
+
+
+def test_an_impatient_waiter_lists_its_folder_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once pages are timed, a waiter whose part does not answer within two pages' time
+    (here: held) lists its folder itself; the walk fills the rest when it comes."""
+    monkeypatch.setattr(walks_module, "PAGE", 2)
+    monkeypatch.setattr(walks_module, "MIN_PATIENCE", 0.01)
+    inner = CountingStore(MemoryStore())
+    for key, value in twelve_parts(tmp_path).items():
+        inner.inner.set(key, value)
+    store = HeldPart(inner, "arr/5/")
+    gw = Gateway(store)
+    try:
+        assert gw.stat("/arr/0/0/0").kind is EntryKind.FILE  # times pages (arr/0/, 1/, 10/)
+        settle(gw)
+        assert gw.stat("/arr/5/1/1").kind is EntryKind.FILE  # arr/5/ is held
+        assert inner.lists["arr/5/1/"] == 1
+    finally:
+        store.opened.set()
+    assert [n for n, _ in gw.readdir("/arr/6/0")] == ["0", "1"]  # read ahead with arr/5/
 
 
 class HeldWalks(ForwardingStore):
