@@ -10,6 +10,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -255,7 +256,7 @@ def settle(gw: Gateway) -> None:
     """Wait until no walk of ``gw`` reads anything (parts read ahead run in the background)."""
     for walk in list(gw.view.walks._walks.values()):
         with walk.cond:
-            assert walk.cond.wait_for(lambda w=walk: not w.running, WAIT)
+            assert walk.cond.wait_for(partial(lambda w: not w.running, walk), WAIT)
 
 
 def test_parts_are_walked_when_needed_and_again_after_the_ttl(
@@ -347,7 +348,7 @@ def test_a_big_array_answers_its_own_folder_before_its_chunk_tree(
     try:
         with ThreadPoolExecutor(1) as pool:
             names = pool.submit(gw.readdir, "/arr")  # starts the walk; its chunk tree is held
-            assert len(names.result(WAIT)) == 2 + ROWS  # type: ignore[arg-type]
+            assert len(names.result(WAIT)) == 2 + ROWS
     finally:
         store.opened.set()
     assert gw.stat("/arr/3/1").kind is EntryKind.FILE
