@@ -7,9 +7,10 @@ State and locks:
   folder however many threads miss it; a LIST that began before one of our commits is never
   stored; our commits replace the cached value with a patched copy, so a committed name is
   visible to ``stat`` and ``readdir`` the moment the commit returns);
-- walks (:mod:`~n5fs.gateway.walks`): on a store that prefers flat listings, the first miss
-  of a folder of an array's chunk tree walks the whole array once and fills the listing of
-  every folder it covers (never one a commit touched meanwhile, never over a live one);
+- walks (:mod:`~n5fs.gateway.walks`, its own locks): on a store that prefers flat listings,
+  a miss of a folder of an array's chunk tree waits for one flat listing of the array (or of
+  the part of it holding the folder), which fills the listing of every folder it passes
+  (never one a commit touched meanwhile, never over a live one); a waiter holds no lock;
 - a folder that the cached listing of a folder above does not name holds no key: it is
   answered empty without a LIST and without a cache entry (a commit there patches the folder
   above, so the next question sees it);
