@@ -10,7 +10,8 @@ State and locks:
 - walks (:mod:`~n5fs.gateway.walks`, its own locks): on a store that prefers flat listings,
   a miss of a folder of an array's chunk tree waits for one flat listing of the array (or of
   the part of it holding the folder), which fills the listing of every folder it passes
-  (never one a commit touched meanwhile, never over a live one); a waiter holds no lock;
+  (never one a commit touched meanwhile, never over a live one). Its workers take no lock
+  of the gateway's, so a waiter may hold any (a node lock in ``create``);
 - a folder that the cached listing of a folder above does not name holds no key: it is
   answered empty without a LIST and without a cache entry (a commit there patches the folder
   above, so the next question sees it);
