@@ -52,7 +52,19 @@ from n5fs.views.source import (
     SourceArray,
     source_array,
 )
-from n5fs.views.tree import DIRECTORY, Entry, PlanCache, ViewTree, document, made, native, to_json
+from n5fs.views.tree import (
+    DIRECTORY,
+    Entry,
+    PlanCache,
+    ViewTree,
+    describe_tree,
+    document,
+    left_out,
+    made,
+    native,
+    native_array,
+    to_json,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
@@ -296,32 +308,16 @@ class N5Tree(ViewTree):
     # -- detect --as n5 ------------------------------------------------------------------------
 
     def describe(self) -> list[dict[str, Any]]:
-        nodes: list[dict[str, Any]] = []
-        for folder in self.access.detector.walk("", on_error=lambda prefix, exc: None):
-            path = folder.prefix.rstrip("/")
-            if folder.kind in (FolderKind.GROUP, FolderKind.PLAIN):  # N5: every folder
-                fmt = folder.fmt if self.is_native(folder) else N5
-                nodes.append({"path": path, "format": fmt, "kind": "group"})
-            elif folder.kind is FolderKind.ARRAY:
-                nodes.append(self._describe_array(folder, path))
-        return nodes
+        return describe_tree(
+            self, self._describe_array, group_kinds=(FolderKind.GROUP, FolderKind.PLAIN)
+        )
 
     def _describe_array(self, folder: Folder, path: str) -> dict[str, Any]:
-        node = folder.array
-        assert node is not None
         if self.is_native(folder):
-            return {
-                "path": path,
-                "format": folder.fmt,
-                "kind": "array",
-                "dtype": node.dtype.str,
-                "shape": list(node.shape),
-                "chunks": list(node.chunks),
-                "codecs": f"as stored: {node.codec_summary()}",
-            }
+            return native_array(folder, path)
         plan = self.plan(folder)
         if isinstance(plan, str):
-            return {"path": path, "format": folder.fmt, "kind": "left out", "reason": plan}
+            return left_out(folder, path, plan)
         source = plan.source
         return {
             "path": path,

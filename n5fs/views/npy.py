@@ -32,7 +32,7 @@ from n5fs.detect import Folder, FolderKind
 from n5fs.gateway.namespace import EntryKind
 from n5fs.gateway.reader import PageCache
 from n5fs.views.source import SourceArray, source_array
-from n5fs.views.tree import Entry, PlanCache, ViewTree, document, to_json
+from n5fs.views.tree import Entry, PlanCache, ViewTree, document, left_out, to_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
@@ -254,9 +254,7 @@ class NpyTree(ViewTree):
             elif folder.kind is FolderKind.ARRAY:
                 plan = self.plan(folder)
                 if isinstance(plan, str):
-                    nodes.append(
-                        {"path": path, "format": folder.fmt, "kind": "left out", "reason": plan}
-                    )
+                    nodes.append(left_out(folder, path, plan))
                     continue
                 nodes.append(
                     {

@@ -224,3 +224,45 @@ class ViewTree(abc.ABC):
     def describe(self) -> list[dict[str, Any]]:
         """Every group and array as the view shows it, and every array it leaves out with
         the reason (``n5fs detect --as``)."""
+
+
+# -- detect --as -------------------------------------------------------------------------------
+
+
+def describe_tree(
+    tree: ViewTree,
+    array: Callable[[Folder, str], dict[str, Any]],
+    *,
+    group_kinds: tuple[FolderKind, ...] = (FolderKind.GROUP,),
+) -> list[dict[str, Any]]:
+    """Every group (``group_kinds``) and array of the source, groups as ``tree`` shows them
+    and arrays as ``array(folder, path)`` describes them (``n5fs detect --as``)."""
+    nodes: list[dict[str, Any]] = []
+    for folder in tree.access.detector.walk("", on_error=lambda prefix, exc: None):
+        path = folder.prefix.rstrip("/")
+        if folder.kind in group_kinds:
+            fmt = folder.fmt if tree.is_native(folder) else tree.name
+            nodes.append({"path": path, "format": fmt, "kind": "group"})
+        elif folder.kind is FolderKind.ARRAY:
+            nodes.append(array(folder, path))
+    return nodes
+
+
+def native_array(folder: Folder, path: str) -> dict[str, Any]:
+    """An array the view shows as it is stored."""
+    node = folder.array
+    assert node is not None
+    return {
+        "path": path,
+        "format": folder.fmt,
+        "kind": "array",
+        "dtype": node.dtype.str,
+        "shape": list(node.shape),
+        "chunks": list(node.chunks),
+        "codecs": f"as stored: {node.codec_summary()}",
+    }
+
+
+def left_out(folder: Folder, path: str, reason: str) -> dict[str, Any]:
+    """An array the view cannot show, with the reason."""
+    return {"path": path, "format": folder.fmt, "kind": "left out", "reason": reason}

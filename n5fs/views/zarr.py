@@ -56,9 +56,12 @@ from n5fs.views.tree import (
     Entry,
     PlanCache,
     ViewTree,
+    describe_tree,
     document,
+    left_out,
     made,
     native,
+    native_array,
     to_json,
 )
 
@@ -391,32 +394,14 @@ class ZarrTree(ViewTree):
     # -- detect --as ---------------------------------------------------------------------------
 
     def describe(self) -> list[dict[str, Any]]:
-        nodes: list[dict[str, Any]] = []
-        for folder in self.access.detector.walk("", on_error=lambda prefix, exc: None):
-            path = folder.prefix.rstrip("/")
-            if folder.kind is FolderKind.GROUP:
-                fmt = folder.fmt if self.is_native(folder) else self.name
-                nodes.append({"path": path, "format": fmt, "kind": "group"})
-            elif folder.kind is FolderKind.ARRAY:
-                nodes.append(self._describe_array(folder, path))
-        return nodes
+        return describe_tree(self, self._describe_array)
 
     def _describe_array(self, folder: Folder, path: str) -> dict[str, Any]:
-        node = folder.array
-        assert node is not None
         if self.is_native(folder):
-            return {
-                "path": path,
-                "format": folder.fmt,
-                "kind": "array",
-                "dtype": node.dtype.str,
-                "shape": list(node.shape),
-                "chunks": list(node.chunks),
-                "codecs": f"as stored: {node.codec_summary()}",
-            }
+            return native_array(folder, path)
         plan = self.plan(folder)
         if isinstance(plan, str):
-            return {"path": path, "format": folder.fmt, "kind": "left out", "reason": plan}
+            return left_out(folder, path, plan)
         source = plan.source
         return {
             "path": path,
