@@ -208,3 +208,56 @@ def test_tensorstore_n5_writes_through_n5_land_as_zarr3(mounter: Mounter, tmp_pa
     assert not list(root.rglob("*.__lock"))
     assert not (root / "xz" / "zarr.json").exists()
     assert main(["validate", str(root)]) == 0
+
+
+@pytest.mark.parametrize(("source", "fmt"), [("n5", "zarr3"), ("n5", "zarr2"), ("zarr3", "n5")])
+def test_rm_r_through_a_view_removes_the_native_trees(
+    mounter: Mounter, tmp_path: Path, source: str, fmt: str
+) -> None:
+    """Real ``rm -r`` of an array, then of its group, through a writable view: the N5 dataset
+    (Zarr array) and group it stands for leave the backing store, whatever order ``rm`` takes
+    the names in (``.zarray`` comes before the chunks in ``zarr2``), and the store validates."""
+    import subprocess
+
+    from n5fs.cli.main import main
+    from tests.test_views_remove import make_store
+
+    root = make_store(tmp_path, source)
+    mp = mounter.foreground(str(root), "--as", fmt)
+    for tree in (mp / "g" / "arr", mp / "g"):
+        done = subprocess.run(["rm", "-r", str(tree)], check=False, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        if tree.name == "arr":
+            assert not (root / "g" / "arr").exists()
+            assert "arr" not in [p.name for p in (mp / "g").iterdir()]
+            assert (mp / "g" / "keep").is_dir()
+    assert not (root / "g").exists()
+    assert not (mp / "g").exists()
+    assert main(["validate", str(root)]) == 0
+
+
+def test_zarr_python_creates_arrays_in_an_n5_root_without_attributes(
+    mounter: Mounter, tmp_path: Path
+) -> None:
+    """An N5 root without ``attributes.json`` (legal) takes a zarr-python 3 writer through
+    ``--as zarr3``: the root gets ``"n5": "4.0.0"`` as the first document lands, the array
+    lands as an N5 dataset TensorStore reads natively, and zarr-python's own delete (a
+    ``shutil.rmtree`` of the array folder) removes it from the store again."""
+    from n5fs.cli.main import main
+
+    root = tmp_path / "container"
+    tensorstore_n5(root / "old", ramp((4, 6)), [2, 3])
+    assert not (root / "attributes.json").exists()
+    mp = mounter.foreground(str(root), "--as", "zarr3")
+    values = (np.arange(5 * 7).reshape(5, 7) + 1).astype("<i4")
+    group = zarr.open_group(str(mp), mode="a")
+    group.create_array("new", shape=values.shape, chunks=(2, 3), dtype="<i4")[...] = values
+    group.create_group("sub").create_array("b", shape=(3,), chunks=(2,), dtype="<f8")[...] = 1.5
+    assert json.loads((root / "attributes.json").read_text())["n5"] == "4.0.0"
+    spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(root / "new")}}
+    np.testing.assert_array_equal(ts.open(spec).result().read().result(), values.T)
+    np.testing.assert_array_equal(zarr.open_array(str(mp / "old"), mode="r")[...], ramp((4, 6)).T)
+    assert main(["validate", str(root)]) == 0
+    del group["sub"]
+    assert not (root / "sub").exists()
+    assert sorted(zarr.open_group(str(mp), mode="r").keys()) == ["new", "old"]

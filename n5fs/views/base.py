@@ -70,7 +70,9 @@ class View:
     def _entry(self, path: str) -> tuple[str, Entry]:
         key = path_to_key(path)
         entry = None if self.writes is None else self.writes.declared(key)
-        if entry is None:
+        if self.writes is not None and self.writes.removals.hidden(key):
+            entry = None
+        elif entry is None:
             entry = self.tree.entry(key)
         if entry is None:
             raise KeyNotFound(f"no such file or directory in the {self.format} view: {path}")
@@ -118,6 +120,8 @@ class View:
         shown = {name: self._writable(child.attr) for name, child in self.tree.children(key)}
         if self.writes is not None:
             shown.update(self.writes.names(key))
+            hidden = self.writes.removals.hidden
+            shown = {n: a for n, a in shown.items() if not hidden(f"{key}/{n}" if key else n)}
         return sorted(shown.items())
 
     def readlink(self, path: str) -> str:
@@ -265,7 +269,7 @@ class View:
     def unlink(self, path: str) -> None:
         key = path_to_key(path)
         writes = self._writes("remove", path, key)
-        if writes.unlink(key):
+        if writes.unlink(key) or writes.removals.unlink(key):
             return
         native = writes.native_chunk(key)
         if native is not None:
@@ -286,8 +290,9 @@ class View:
 
     def rmdir(self, path: str) -> None:
         key = path_to_key(path)
-        if not self._writes("remove the directory", path, key).rmdir(key):
-            self.gateway.rmdir(path)
+        writes = self._writes("remove the directory", path, key)
+        if not writes.rmdir(key):
+            writes.removals.rmdir(key)
 
     def rename(self, old: str, new: str) -> None:
         src, dst = path_to_key(old), path_to_key(new)
@@ -356,10 +361,12 @@ class View:
 
 
 def _writes_for(gateway: Gateway, tree: ViewTree) -> ViewWrites | None:
-    """Writes for a Zarr view of a writable store whose root is N5, or the n5 view of one
-    whose root is Zarr (v2, v3); else None (EROFS)."""
+    """Writes for a Zarr view of a writable store whose root is N5 (with or without its
+    attributes.json: the first document written gives it one), or the n5 view of one whose
+    root is Zarr (v2, v3); else None (EROFS)."""
     from n5fs.views.n5 import N5Tree
     from n5fs.views.n5_writes import WRITABLE, N5ViewWrites
+    from n5fs.views.writes import n5_without_attributes
     from n5fs.views.zarr import ZarrTree
 
     if gateway.read_only:
@@ -367,7 +374,9 @@ def _writes_for(gateway: Gateway, tree: ViewTree) -> ViewWrites | None:
     root = tree.access.folder("").fmt
     if isinstance(tree, N5Tree) and root in WRITABLE:
         return N5ViewWrites(gateway, tree)
-    if not isinstance(tree, ZarrTree) or root != "n5":
+    if not isinstance(tree, ZarrTree) or root not in ("n5", None):
+        return None
+    if root is None and not n5_without_attributes(tree.access):
         return None
     return ViewWrites(gateway, tree)
 

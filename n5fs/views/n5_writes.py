@@ -33,10 +33,11 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from n5fs.detect import FolderKind
+from n5fs.detect import Folder, FolderKind
 from n5fs.errors import KeyNotFound, Rejected
 from n5fs.formats.n5 import ATTRIBUTES, N5ArrayNode, N5Format, is_dataset_attributes
 from n5fs.kvstore.keys import basename, parent
+from n5fs.views.removal import ARRAY, GROUP
 from n5fs.views.source import ShardedSource
 from n5fs.views.tree import Entry, document
 from n5fs.views.writes import ViewWrites, _Declared
@@ -49,6 +50,8 @@ if TYPE_CHECKING:
 
 #: the Zarr formats the n5 view writes into (hdmf-zarr keeps its own rules: read-only)
 WRITABLE = ("zarr3", "zarr2")
+#: the native documents of an array or group, by format
+_NATIVE_DOCUMENTS = {"zarr3": ("zarr.json",), "zarr2": (".zarray", ".zattrs", ".zgroup")}
 _SHUFFLE = {0: "noshuffle", 1: "shuffle", 2: "bitshuffle"}
 
 
@@ -115,6 +118,31 @@ class N5ViewWrites(ViewWrites):
         folder = parent(key)
         found = self._declared.get(folder + "/" if folder else "")
         return None if found is None else document(found.doc)
+
+    # -- removal -------------------------------------------------------------------------------
+
+    def document_names(self) -> tuple[str, ...]:
+        return (ATTRIBUTES,)
+
+    def document_role(self, folder: Folder, name: str) -> str | None:
+        if name != ATTRIBUTES or folder.fmt not in WRITABLE:
+            return None
+        if folder.kind is FolderKind.ARRAY:
+            return ARRAY
+        return GROUP if folder.kind is FolderKind.GROUP else None
+
+    def native_documents(self, prefix: str) -> tuple[str, ...]:
+        return _NATIVE_DOCUMENTS[self._fmt(prefix + ATTRIBUTES) or "zarr3"]
+
+    def clear_group(self, prefix: str) -> None:
+        """A group's ``attributes.json`` removed: its native document goes (the root's is
+        rewritten without attributes: the hierarchy keeps its format)."""
+        if not prefix:
+            self._attributes(ATTRIBUTES, b"{}", self._fmt(ATTRIBUTES) or "zarr3")
+            return
+        for name in self.native_documents(prefix):
+            if self.gateway.lookup("/" + prefix + name) is not None:
+                self.gateway.unlink("/" + prefix + name)
 
     # -- translation ---------------------------------------------------------------------------
 

@@ -33,27 +33,29 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from n5fs.detect import FolderKind
+from n5fs.detect import Folder, FolderKind
 from n5fs.errors import FileTooLarge, KeyNotFound, PrefixNotEmpty, Rejected
 from n5fs.formats.base import ArrayNode, KeyKind
-from n5fs.formats.n5 import ATTRIBUTES, DATA_TYPES, N5ArrayNode, load_attributes
-from n5fs.formats.zarr2 import Zarr2Format
-from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format
+from n5fs.formats.n5 import ATTRIBUTES, N5ArrayNode, load_attributes
 from n5fs.gateway.committer import MAX_VALIDATED_BYTES
 from n5fs.gateway.namespace import Attr, EntryKind
 from n5fs.kvstore.keys import basename, parent
+from n5fs.views.n5 import N5_VERSION
+from n5fs.views.removal import ARRAY, GROUP, Removals
+from n5fs.views.removal import ATTRIBUTES as ATTRS
 from n5fs.views.tree import Entry, document
+from n5fs.views.zarr_to_n5 import n5_attributes, parse_document
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from n5fs.gateway import Gateway
+    from n5fs.views.access import SourceAccess
     from n5fs.views.zarr import ZarrTree
 
 #: the view's write handles (its read handles start at 2**40)
 WRITE_HANDLES = 1 << 41
 _META = {"zarr3": ("zarr.json",), "zarr2": (".zarray", ".zgroup", ".zattrs")}
-_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
 
 @dataclass
@@ -82,10 +84,6 @@ class _Declared:
     doc: bytes
 
 
-def _refusal(message: str, path: str, rule: str) -> Rejected:
-    return Rejected(message, path="/" + path, fmt="n5", rule=rule)
-
-
 class ViewWrites:
     """The staged files of a writable Zarr view and their translation (see module docs)."""
 
@@ -100,12 +98,13 @@ class ViewWrites:
         self._fh = itertools.count(WRITE_HANDLES)
         self._subscribers: list[Callable[[Sequence[str]], None]] = []
         self._lock = threading.Lock()
+        self.removals = Removals(self)
 
     def subscribe(self, callback: Callable[[Sequence[str]], None]) -> None:
         with self._lock:
             self._subscribers.append(callback)
 
-    def _changed(self, key: str) -> None:
+    def changed(self, key: str) -> None:
         with self._lock:
             subscribers = list(self._subscribers)
         for callback in subscribers:
@@ -128,14 +127,15 @@ class ViewWrites:
         return folder.kind is FolderKind.GROUP and folder.node is None
 
     def in_n5(self, key: str) -> bool:
-        """Is ``key`` below an N5 group or dataset (the nearest folder with a format)?"""
+        """Is ``key`` below an N5 group or dataset (the nearest folder with a format), or in
+        folders without metadata up to a root without any (where N5 arrays land)?"""
         folder = parent(key)
         while True:
             found = self.tree.access.folder(folder)
             if found.fmt is not None:
                 return found.fmt == "n5"
             if not folder:
-                return False
+                return True
             folder = parent(folder)
 
     # -- namespace -----------------------------------------------------------------------------
@@ -290,7 +290,8 @@ class ViewWrites:
                 staged.dirty = False
                 if self._files.get(key) is staged and staged.refs <= 0:
                     del self._files[key]
-            self._changed(key)
+            self.removals.unhide(key)
+            self.changed(key)
 
     def _translate(self, key: str, data: bytes) -> bool:
         name = basename(key)
@@ -313,6 +314,40 @@ class ViewWrites:
             self.gateway.write_file(path, data)
         except Rejected as exc:
             raise _Recorded(exc) from exc
+
+    # -- removal (the roles of documents; :mod:`n5fs.views.removal` decides) --------------
+
+    def document_names(self) -> tuple[str, ...]:
+        """The names of the documents the view shows in a folder."""
+        return _META[self.tree.name]
+
+    def document_role(self, folder: Folder, name: str) -> str | None:
+        """What the view document ``name`` of ``folder`` stands for (None: no document)."""
+        if name not in _META[self.tree.name] or folder.fmt not in ("n5", None):
+            return None
+        if folder.kind is FolderKind.ARRAY:
+            return ARRAY if name in (".zarray", "zarr.json") else ATTRS
+        return GROUP if folder.kind is FolderKind.GROUP else None
+
+    def native_documents(self, prefix: str) -> tuple[str, ...]:
+        return (ATTRIBUTES,)
+
+    def clear_attributes(self, prefix: str) -> None:
+        """An array's attributes removed (``.zattrs``): its dataset keys stay."""
+        self._metadata(prefix + ".zattrs", ".zattrs", b"{}")
+
+    def clear_group(self, prefix: str) -> None:
+        """A group's document removed: its attributes go (the root keeps its version)."""
+        if not prefix:
+            current = self._native_attributes("")
+            self._store("", {k: v for k, v in current.items() if k == "n5"})
+        elif self.gateway.lookup("/" + prefix + ATTRIBUTES) is not None:
+            self.gateway.unlink("/" + prefix + ATTRIBUTES)
+
+    def forget(self, prefix: str) -> None:
+        """The array at ``prefix`` is gone: its writer's document no longer holds."""
+        with self._lock:
+            self._declared.pop(prefix, None)
 
     def _array_of(self, key: str) -> str | None:
         """The prefix of the N5 dataset ``key`` lies in, if any."""
@@ -380,35 +415,28 @@ class ViewWrites:
         return document(found.node.encode_chunk(pos, values), shown.mtime)
 
     def _parse(self, name: str, data: bytes, key: str) -> Any:
-        fmt = Zarr3Format() if self.tree.name == "zarr3" else Zarr2Format()
-        return fmt.parse_metadata(name, data, path="/" + key)
+        return parse_document(self.tree.name, name, data, key)
 
     def _metadata(self, key: str, name: str, data: bytes) -> None:
         folder = parent(key)
         prefix = folder + "/" if folder else ""
+        if prefix and self.tree.access.folder("").fmt is None:
+            self._make_root()
         current = self._native_attributes(prefix)
-        if name == ".zattrs":
-            doc = _json(data, key)
-            if not isinstance(doc, dict):
-                raise _refusal(".zattrs must be a JSON object", key, "attributes")
-            merged = {k: v for k, v in current.items() if k in _KEPT or k in _DATASET}
-            self._store(prefix, {**merged, **doc})
-            return
-        if name == ".zgroup":
-            self._store(prefix, current)
-            return
-        node = self._parse(name, data, key)
-        if not isinstance(node, ArrayNode):
-            group = {k: v for k, v in current.items() if k in _KEPT}
-            self._store(prefix, {**group, **dict(node.attributes)})
-            return
-        attrs = _dataset(node, _json(data, key), key)
-        # v3 holds every attribute in zarr.json; v2 in .zattrs, written apart
-        v2 = name == ".zarray"
-        kept = {k: v for k, v in current.items() if (k not in _DATASET if v2 else k in _KEPT)}
-        self._store(prefix, {**kept, **dict(node.attributes), **attrs})
-        with self._lock:
-            self._declared[prefix] = _Declared(node, name, data)
+        attrs, node = n5_attributes(self.tree.name, name, data, key, current)
+        if not prefix and self.tree.access.folder("").fmt is None:
+            attrs = {"n5": N5_VERSION, **attrs}
+        self._store(prefix, attrs)
+        if node is not None:
+            with self._lock:
+                self._declared[prefix] = _Declared(node, name, data)
+
+    def _make_root(self) -> None:
+        """A root without ``attributes.json`` (legal in N5) gets one with the version before
+        the first document below it lands: without it the folders between would be no N5
+        groups, and a group's attributes no N5 reader would find."""
+        current = self._native_attributes("")
+        self._store("", {"n5": N5_VERSION, **current})
 
     def _native_attributes(self, prefix: str) -> dict[str, Any]:
         try:
@@ -422,85 +450,13 @@ class ViewWrites:
         self._native("/" + prefix + ATTRIBUTES, body)
 
 
-#: N5 keys a group keeps when a Zarr writer rewrites its attributes
-_KEPT = ("n5",)
-_DATASET = ("dimensions", "blockSize", "dataType", "compression")
-
-
-def _json(data: bytes, key: str) -> Any:
-    try:
-        return json.loads(data)
-    except ValueError as exc:
-        raise _refusal(f"not JSON: {exc}", key, "json") from exc
-
-
-def _dataset(node: ArrayNode, doc: dict[str, Any], key: str) -> dict[str, Any]:
-    """The N5 dataset keys for a Zarr array document, or why N5 cannot hold the array."""
-    dtype = node.dtype.newbyteorder("=")
-    names = [n for n, code in DATA_TYPES.items() if np.dtype(code) == dtype]
-    if not names or dtype.kind == "b":
-        raise _refusal(f"N5 has no data type for {node.dtype.str}", key, "dataType")
-    fill = node.fill_value if isinstance(node, Zarr3ArrayNode) else _v2_fill(doc)
-    if fill is not None and not (np.asarray(fill, dtype=dtype) == 0).all():
-        why = f"fill value {doc.get('fill_value')!r}: N5 reads a missing block as 0, no other"
-        raise _refusal(why, key, "fill-value")
-    compression = _v3_compression(doc, key) if "codecs" in doc else _v2_compression(doc, key)
-    return {
-        "dimensions": list(node.shape[::-1]),
-        "blockSize": list(node.chunks[::-1]),
-        "dataType": names[0],
-        "compression": compression,
-    }
-
-
-def _v2_fill(doc: dict[str, Any]) -> Any:
-    return doc.get("fill_value") if isinstance(doc.get("fill_value"), (int, float)) else None
-
-
-def _v3_compression(doc: dict[str, Any], key: str) -> dict[str, Any]:
-    chain = list(doc.get("codecs") or [])
-    names = [c["name"] if isinstance(c, dict) else c for c in chain]
-    if not names or names[0] != "bytes":
-        first = names[0] if names else "none"
-        why = f"codec {first!r} before 'bytes': N5 stores a block's values in order, unchanged"
-        raise _refusal(why, key, "codec")
-    rest = chain[1:]
-    if len(rest) > 1:
-        raise _refusal(f"codecs {names[1:]}: N5 applies one compression per block", key, "codec")
-    if not rest:
-        return {"type": "raw"}
-    codec = rest[0]
-    name = codec["name"] if isinstance(codec, dict) else codec
-    config = dict(codec.get("configuration") or {}) if isinstance(codec, dict) else {}
-    return _compression(name, config, key)
-
-
-def _v2_compression(doc: dict[str, Any], key: str) -> dict[str, Any]:
-    if doc.get("filters"):
-        raise _refusal("Zarr v2 filters: N5 has none", key, "codec")
-    compressor = doc.get("compressor")
-    if compressor is None:
-        return {"type": "raw"}
-    config = dict(compressor)
-    return _compression(str(config.pop("id", "")), config, key)
-
-
-def _compression(name: str, config: dict[str, Any], key: str) -> dict[str, Any]:
-    """The N5 ``compression`` for one Zarr bytes-to-bytes codec."""
-    if name in ("gzip", "zlib"):
-        level = {"level": config["level"]} if "level" in config else {}
-        return {"type": "gzip", "useZlib": name == "zlib", **level}
-    if name == "zstd":
-        return {"type": "zstd", "level": config.get("level", 3)}
-    if name == "blosc":
-        shuffle = config.get("shuffle", 1)
-        # no typesize: TensorStore refuses it; N5 shuffles by the element size
-        return {
-            "type": "blosc",
-            "cname": config.get("cname", "lz4"),
-            "clevel": config.get("clevel", 5),
-            "shuffle": _SHUFFLE.get(shuffle, shuffle) if isinstance(shuffle, str) else shuffle,
-            "blocksize": config.get("blocksize", 0),
-        }
-    why = f"codec {name!r}: N5 has no such compression (raw, gzip, zstd, blosc, bzip2, xz, lz4)"
-    raise _refusal(why, key, "codec")
+def n5_without_attributes(access: SourceAccess) -> bool:
+    """Is the root, which has no metadata, an N5 root without ``attributes.json`` (legal: N5
+    groups may have none)? Yes when no folder at its first level holds a hierarchy of another
+    format (N5 datasets and groups, plain folders, or nothing yet): a Zarr writer's arrays may
+    land there as N5. A root beside Zarr hierarchies stays no N5 root (one detection of each
+    first-level folder, once per mount)."""
+    for name, attr in access.listing(""):
+        if attr.kind is EntryKind.DIR and access.folder(name).fmt not in ("n5", None):
+            return False
+    return True

@@ -1,0 +1,144 @@
+"""What a Zarr array document written through a Zarr view becomes in N5 (``attributes.json``).
+
+The metadata half of :mod:`n5fs.views.writes`: pure functions from a Zarr document (v2
+``.zarray``, v3 ``zarr.json``) to the N5 dataset keys (``dimensions`` and ``blockSize``
+reversed, ``dataType``, ``compression``), or the reason N5 cannot hold the array
+(:class:`~n5fs.errors.Rejected` with the rule broken: ``dataType``, ``fill-value``, ``codec``).
+Kept apart from the staging and commit machinery, which does not depend on which codecs N5
+has; no state, so no locks.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from n5fs.errors import Rejected
+from n5fs.formats.base import ArrayNode
+from n5fs.formats.n5 import DATA_TYPES
+from n5fs.formats.zarr2 import Zarr2Format
+from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format
+
+_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+def parse_document(view: str, name: str, data: bytes, key: str) -> Any:
+    """The node a Zarr document of the ``view``'s version declares (its rules refuse)."""
+    fmt = Zarr3Format() if view == "zarr3" else Zarr2Format()
+    return fmt.parse_metadata(name, data, path="/" + key)
+
+
+def n5_attributes(
+    view: str, name: str, data: bytes, key: str, current: dict[str, Any]
+) -> tuple[dict[str, Any], ArrayNode | None]:
+    """The folder's new ``attributes.json`` when the Zarr document ``name`` is written over
+    ``current`` (the folder's attributes now), and the array node it declares (None: a group
+    or attributes). v3 holds every attribute in ``zarr.json``; v2 in ``.zattrs``, written
+    apart from ``.zarray``; a group keeps its ``"n5"`` version."""
+    if name == ".zattrs":
+        doc = parse_json(data, key)
+        if not isinstance(doc, dict):
+            raise refusal(".zattrs must be a JSON object", key, "attributes")
+        merged = {k: v for k, v in current.items() if k in KEPT or k in DATASET}
+        return {**merged, **doc}, None
+    if name == ".zgroup":
+        return current, None
+    node = parse_document(view, name, data, key)
+    if not isinstance(node, ArrayNode):
+        group = {k: v for k, v in current.items() if k in KEPT}
+        return {**group, **dict(node.attributes)}, None
+    attrs = dataset_keys(node, parse_json(data, key), key)
+    v2 = name == ".zarray"
+    kept = {k: v for k, v in current.items() if (k not in DATASET if v2 else k in KEPT)}
+    return {**kept, **dict(node.attributes), **attrs}, node
+
+
+def refusal(message: str, path: str, rule: str) -> Rejected:
+    """A refusal of a write through a Zarr view into N5 (``path`` is the view key)."""
+    return Rejected(message, path="/" + path, fmt="n5", rule=rule)
+
+
+#: N5 keys a group keeps when a Zarr writer rewrites its attributes
+KEPT = ("n5",)
+DATASET = ("dimensions", "blockSize", "dataType", "compression")
+
+
+def parse_json(data: bytes, key: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise refusal(f"not JSON: {exc}", key, "json") from exc
+
+
+def dataset_keys(node: ArrayNode, doc: dict[str, Any], key: str) -> dict[str, Any]:
+    """The N5 dataset keys for a Zarr array document, or why N5 cannot hold the array."""
+    dtype = node.dtype.newbyteorder("=")
+    names = [n for n, code in DATA_TYPES.items() if np.dtype(code) == dtype]
+    if not names or dtype.kind == "b":
+        raise refusal(f"N5 has no data type for {node.dtype.str}", key, "dataType")
+    fill = node.fill_value if isinstance(node, Zarr3ArrayNode) else _v2_fill(doc)
+    if fill is not None and not (np.asarray(fill, dtype=dtype) == 0).all():
+        why = f"fill value {doc.get('fill_value')!r}: N5 reads a missing block as 0, no other"
+        raise refusal(why, key, "fill-value")
+    compression = _v3_compression(doc, key) if "codecs" in doc else _v2_compression(doc, key)
+    return {
+        "dimensions": list(node.shape[::-1]),
+        "blockSize": list(node.chunks[::-1]),
+        "dataType": names[0],
+        "compression": compression,
+    }
+
+
+def _v2_fill(doc: dict[str, Any]) -> Any:
+    return doc.get("fill_value") if isinstance(doc.get("fill_value"), (int, float)) else None
+
+
+def _v3_compression(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    chain = list(doc.get("codecs") or [])
+    names = [c["name"] if isinstance(c, dict) else c for c in chain]
+    if not names or names[0] != "bytes":
+        first = names[0] if names else "none"
+        why = f"codec {first!r} before 'bytes': N5 stores a block's values in order, unchanged"
+        raise refusal(why, key, "codec")
+    rest = chain[1:]
+    if len(rest) > 1:
+        raise refusal(f"codecs {names[1:]}: N5 applies one compression per block", key, "codec")
+    if not rest:
+        return {"type": "raw"}
+    codec = rest[0]
+    name = codec["name"] if isinstance(codec, dict) else codec
+    config = dict(codec.get("configuration") or {}) if isinstance(codec, dict) else {}
+    return _compression(name, config, key)
+
+
+def _v2_compression(doc: dict[str, Any], key: str) -> dict[str, Any]:
+    if doc.get("filters"):
+        raise refusal("Zarr v2 filters: N5 has none", key, "codec")
+    compressor = doc.get("compressor")
+    if compressor is None:
+        return {"type": "raw"}
+    config = dict(compressor)
+    return _compression(str(config.pop("id", "")), config, key)
+
+
+def _compression(name: str, config: dict[str, Any], key: str) -> dict[str, Any]:
+    """The N5 ``compression`` for one Zarr bytes-to-bytes codec."""
+    if name in ("gzip", "zlib"):
+        level = {"level": config["level"]} if "level" in config else {}
+        return {"type": "gzip", "useZlib": name == "zlib", **level}
+    if name == "zstd":
+        return {"type": "zstd", "level": config.get("level", 3)}
+    if name == "blosc":
+        shuffle = config.get("shuffle", 1)
+        # no typesize: TensorStore refuses it; N5 shuffles by the element size
+        return {
+            "type": "blosc",
+            "cname": config.get("cname", "lz4"),
+            "clevel": config.get("clevel", 5),
+            "shuffle": _SHUFFLE.get(shuffle, shuffle) if isinstance(shuffle, str) else shuffle,
+            "blocksize": config.get("blocksize", 0),
+        }
+    why = f"codec {name!r}: N5 has no such compression (raw, gzip, zstd, blosc, bzip2, xz, lz4)"
+    raise refusal(why, key, "codec")
