@@ -101,6 +101,13 @@ class NoSpace(N5fsError, OSError):
     errno_code = errno.ENOSPC
 
 
+class VersionConflict(N5fsError, OSError):
+    """A conditional write found another version than it expected: another writer (another
+    mount of the same bucket) changed or created the key first. Nothing was stored."""
+
+    errno_code = errno.EAGAIN
+
+
 class DetectionFailed(N5fsError, ValueError):
     """No format, or more than one, where exactly one is needed; the message names them."""
 
@@ -133,3 +140,11 @@ def errno_of(exc: BaseException) -> int:
     if isinstance(exc, OSError) and exc.errno:
         return exc.errno
     return errno.EIO
+
+
+class StaleVersion(Rejected):
+    """A metadata commit refused because the stored document is no longer the version this
+    mount read: another mount changed it since. Nothing was stored; reading the file again
+    and retrying the write succeeds (the mount dropped what it cached of the key)."""
+
+    errno_code = errno.EAGAIN

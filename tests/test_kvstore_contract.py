@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from n5fs.kvstore.base import KvStore
+from n5fs.errors import NotSupported
+from n5fs.kvstore.base import KvStore, Versioned
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.testing.kvstore_contract import KvStoreContract
@@ -44,3 +45,14 @@ class TestFileStore(KvStoreContract):
         assert isinstance(store, FileStore)
         path = store.root / key
         return path.read_bytes() if path.is_file() else None
+
+
+def test_file_store_has_no_conditional_writes(tmp_path: Path) -> None:
+    """The base defaults: a reason, NotSupported, and reads without a version."""
+    store = FileStore(tmp_path)
+    store.set("k", b"v")
+    assert store.probe_conditional_writes() == "FileStore has no conditional writes"
+    with pytest.raises(NotSupported):
+        store.set_if("k", b"w", version=None)
+    assert store.get_versioned("k") == Versioned(b"v", None)
+    assert store.get("k") == b"v"

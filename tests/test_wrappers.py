@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from n5fs.errors import ReadOnly
+from n5fs.errors import ReadOnly, StoreUnavailable, VersionConflict
 from n5fs.gateway import Gateway
+from n5fs.kvstore.base import Versioned
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import FaultyStore, ReadOnlyStore
+from n5fs.kvstore.wrappers import FaultyStore, ForwardingStore, ReadOnlyStore
 
 STABLE = ("f_bsize", "f_frsize", "f_blocks", "f_files")  # free counts move with other writers
 
@@ -47,3 +48,31 @@ def test_a_wrapper_over_a_read_only_store_is_read_only(tmp_path: Path) -> None:
         assert gw.read_only
     with pytest.raises(ReadOnly):
         store.set("a", b"x")
+
+
+def test_wrappers_forward_conditional_writes() -> None:
+    inner = MemoryStore()
+    store = FaultyStore(ForwardingStore(inner))
+    assert store.probe_conditional_writes() is None
+    version = store.set_if("k", b"one", version=None)
+    assert inner.get_versioned("k") == Versioned(b"one", version)
+    assert store.get_versioned("k") == Versioned(b"one", version)
+    assert store.stat("k").etag == version  # type: ignore[union-attr]
+    with pytest.raises(VersionConflict):
+        store.set_if("k", b"two", version=None)
+    store.fail("set_if")
+    with pytest.raises(StoreUnavailable):
+        store.set_if("k", b"two", version=version)
+    assert store.set_if("k", b"two", version=version) != version
+    assert inner.get("k") == b"two"
+    assert store.calls["set_if"] == 4
+
+
+def test_read_only_wrapper_refuses_conditional_writes_and_asks_nothing() -> None:
+    inner = FaultyStore(MemoryStore())
+    store = ReadOnlyStore(inner)
+    with pytest.raises(ReadOnly):
+        store.set_if("k", b"x", version=None)
+    assert store.probe_conditional_writes() == "read-only store: no conditional writes"
+    assert inner.calls["set_if"] == 0
+    assert store.get_versioned("k") is None

@@ -60,6 +60,17 @@ class KeyInfo:
     key: str
     size: int
     mtime: float = 0.0
+    #: the stored version (an S3 ETag, a counter in memory); None where the store keeps none
+    etag: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    """A value and the version it was read at (what :meth:`KvStore.set_if` compares with)."""
+
+    data: bytes
+    #: None where the store keeps no versions
+    version: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +234,29 @@ class KvStore(abc.ABC):
         removed at any time: a reader opens it and keeps the descriptor (old bytes stay
         readable, as on a local filesystem), and treats a failed open as "ask :meth:`get`"."""
         return None
+
+    # -- conditional writes (many mounts of one bucket) ---------------------------------------
+
+    def get_versioned(self, key: str) -> Versioned | None:
+        """The value and its version, read together (one request on S3); None when absent.
+        Stores that keep no versions answer ``version=None``."""
+        data = self.get(key)
+        return None if data is None else Versioned(data, None)
+
+    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
+        """Store ``value`` only if ``key`` is at ``version`` now (``None``: only if absent),
+        atomically with the check; return the new version. Raises VersionConflict when
+        another writer got there first (S3: a 412 or 409 to ``If-Match``/``If-None-Match``),
+        NotSupported where the store cannot make the write conditional (the default)."""
+        from n5fs.errors import NotSupported
+
+        raise NotSupported(f"{type(self).__name__} has no conditional writes ({key!r})")
+
+    def probe_conditional_writes(self) -> str | None:
+        """None when :meth:`set_if` is honoured here, else why not (the mount logs it, ``n5fs
+        status`` shows it, and commits fall back to plain writes). S3 asks the endpoint: a
+        second create-only PUT of a scratch key must fail."""
+        return f"{type(self).__name__} has no conditional writes"
 
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         """Several gets; network drivers run them in parallel."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from n5fs.errors import N5fsError, ReadOnly, StoreUnavailable
-from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned
 from n5fs.kvstore.keys import check_key, check_prefix
 
 if TYPE_CHECKING:
@@ -112,6 +112,15 @@ class ForwardingStore(KvStore):
     def set_mtime(self, key: str, mtime: float) -> None:
         self.inner.set_mtime(key, mtime)
 
+    def get_versioned(self, key: str) -> Versioned | None:
+        return self.inner.get_versioned(key)
+
+    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
+        return self.inner.set_if(key, value, version=version)
+
+    def probe_conditional_writes(self) -> str | None:
+        return self.inner.probe_conditional_writes()
+
     def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
         return self.inner.leftovers(prefix)
 
@@ -174,6 +183,13 @@ class ReadOnlyStore(ForwardingStore):
     def set_mtime(self, key: str, mtime: float) -> None:
         raise ReadOnly(f"read-only store: cannot change the time of {check_key(key)!r}")
 
+    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
+        raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")
+
+    def probe_conditional_writes(self) -> str | None:
+        """A reason, without asking the store: nothing is written through a read-only one."""
+        return "read-only store: no conditional writes"
+
     def remove_leftover(self, leftover: Leftover) -> None:
         raise ReadOnly(f"read-only store: cannot remove {leftover.describe()}")
 
@@ -206,6 +222,8 @@ class FaultyStore(ForwardingStore):
         "get_many",
         "rename",
         "set_mtime",
+        "get_versioned",
+        "set_if",
     )
 
     def __init__(self, inner: KvStore) -> None:
@@ -300,3 +318,11 @@ class FaultyStore(ForwardingStore):
     def set_mtime(self, key: str, mtime: float) -> None:
         self._maybe_fail("set_mtime", key)
         super().set_mtime(key, mtime)
+
+    def get_versioned(self, key: str) -> Versioned | None:
+        self._maybe_fail("get_versioned", key)
+        return super().get_versioned(key)
+
+    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
+        self._maybe_fail("set_if", key)
+        return super().set_if(key, value, version=version)

@@ -20,9 +20,10 @@ from n5fs.errors import (
     NotSupported,
     ReadOnly,
     StoreUnavailable,
+    VersionConflict,
     errno_of,
 )
-from n5fs.kvstore.base import ByteRange, KvStore
+from n5fs.kvstore.base import ByteRange, KvStore, Versioned
 from n5fs.kvstore.spec import parse_spec, parse_url
 from n5fs.kvstore.wrappers import FaultyStore, ReadOnlyStore
 
@@ -303,6 +304,96 @@ class KvStoreContract(abc.ABC):
         faulty.heal()
         faulty.set("f/k", b"w")
         assert store.get("f/k") == b"w"
+
+    # -- conditional writes (many mounts of one bucket) -------------------------------------
+
+    def _conditional_or_skip(self, store: KvStore) -> None:
+        reason = store.probe_conditional_writes()
+        if reason is not None:
+            pytest.skip(f"no conditional writes here: {reason}")
+
+    def test_create_only_twice_conflicts(self, store: KvStore) -> None:
+        self._conditional_or_skip(store)
+        first = store.set_if("cw/k", b"one", version=None)
+        assert first is not None
+        with pytest.raises(VersionConflict) as info:
+            store.set_if("cw/k", b"two", version=None)
+        assert errno_of(info.value) == errno.EAGAIN
+        assert "cw/k" in str(info.value)
+        store.flush()
+        assert self.peek(store, "cw/k") == b"one"
+
+    def test_if_match_current_version_succeeds_with_a_new_one(self, store: KvStore) -> None:
+        self._conditional_or_skip(store)
+        first = store.set_if("cw/k", b"one", version=None)
+        second = store.set_if("cw/k", b"two", version=first)
+        assert second is not None
+        assert second != first
+        store.flush()
+        assert self.peek(store, "cw/k") == b"two"
+        assert store.get_versioned("cw/k") == Versioned(b"two", second)
+        assert store.set_if("cw/k", b"three", version=second) not in (first, second)
+
+    def test_stale_version_conflicts_and_keeps_the_value(self, store: KvStore) -> None:
+        self._conditional_or_skip(store)
+        first = store.set_if("cw/k", b"one", version=None)
+        store.set_if("cw/k", b"two", version=first)
+        with pytest.raises(VersionConflict) as info:
+            store.set_if("cw/k", b"three", version=first)
+        assert str(first) in str(info.value)
+        store.flush()
+        assert store.get("cw/k") == b"two"
+        assert self.peek(store, "cw/k") == b"two"
+
+    def test_another_writers_plain_write_makes_a_version_stale(self, store: KvStore) -> None:
+        self._conditional_or_skip(store)
+        self.seed(store, "cw/k", b"seeded")
+        read = store.get_versioned("cw/k")
+        assert read is not None
+        assert read.data == b"seeded"
+        self.seed(store, "cw/k", b"another writer's")
+        with pytest.raises(VersionConflict):
+            store.set_if("cw/k", b"mine", version=read.version)
+        assert self.peek(store, "cw/k") == b"another writer's"
+
+    def test_if_match_of_an_absent_key_conflicts(self, store: KvStore) -> None:
+        self._conditional_or_skip(store)
+        version = store.set_if("cw/other", b"x", version=None)
+        with pytest.raises(VersionConflict) as info:
+            store.set_if("cw/absent", b"x", version=version)
+        assert "cw/absent" in str(info.value)
+        store.delete("cw/other")
+        with pytest.raises(VersionConflict):  # deleted since it was read
+            store.set_if("cw/other", b"y", version=version)
+        store.flush()
+        assert self.peek(store, "cw/absent") is None
+        assert self.peek(store, "cw/other") is None
+
+    def test_read_version_is_the_listed_and_stat_etag(self, store: KvStore) -> None:
+        self._conditional_or_skip(store)
+        self.seed_many(store, [("cw/a", b"aaa"), ("cw/b", b"bb")])
+        written = store.set_if("cw/c", b"c", version=None)
+        versions = {}
+        for key in ("cw/a", "cw/b", "cw/c"):
+            read = store.get_versioned(key)
+            assert read is not None
+            assert read.version is not None
+            versions[key] = read.version
+            info = store.stat(key)
+            assert info is not None
+            assert info.etag == read.version
+        assert versions["cw/c"] == written
+        assert {k.key: k.etag for k in store.list("cw/").keys} == versions
+        assert {k.key: k.etag for k in store.walk("cw/")} == versions
+        assert store.get_versioned("cw/absent") is None
+
+    def test_read_only_wrapper_refuses_conditional_writes(self, store: KvStore) -> None:
+        ro = ReadOnlyStore(store)
+        with pytest.raises(ReadOnly):
+            ro.set_if("cw/k", b"x", version=None)
+        assert isinstance(ro.probe_conditional_writes(), str)
+        store.flush()
+        assert self.peek(store, "cw/k") is None
 
     # -- specs -----------------------------------------------------------------------------------
 
