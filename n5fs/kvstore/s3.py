@@ -34,6 +34,14 @@ LastModified; ``list`` reports LastModified, since a LIST carries no user metada
 and so ``rename`` keep the source's time (and content type, cache and encoding headers, user
 metadata, storage class); object ACLs are not copied (the copy gets the bucket's default).
 
+Conditional writes (many mounts of one bucket): :meth:`S3Store.set_if` sends ``If-Match``
+(``If-None-Match: *`` to create), on the PUT or on CompleteMultipartUpload; a refusal is
+VersionConflict (EAGAIN), never EIO and never retried. Versions are ETags, quoted as S3 gives
+them (listing, HEAD, GET and PUT answers alike) and compared as opaque strings. Whether the
+endpoint honours the headers is asked once by :meth:`S3Store.probe_conditional_writes`, with
+a hidden scratch object that a later ``sweep`` removes if the prober died
+(:mod:`n5fs.kvstore.s3_conditional`).
+
 Limitations: S3 has no empty prefixes (a folder exists through its keys); objects whose
 names are not valid keys (``dir/`` console markers, ``a//b``, ``./x``) are invisible to
 ``list`` but are removed by ``delete_prefix``. A HEAD cannot tell a missing bucket from a
@@ -57,8 +65,8 @@ from botocore import exceptions as bce
 from botocore.config import Config
 
 from n5fs.errors import InvalidSource, KeyNotFound, N5fsError, NotSupported
-from n5fs.kvstore import s3_uploads
-from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, slice_bytes
+from n5fs.kvstore import s3_conditional, s3_uploads
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned, slice_bytes
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix
 from n5fs.kvstore.s3_errors import (
     ABSENT,
@@ -240,10 +248,25 @@ class S3Store(KvStore):
             data = slice_bytes(data, byte_range)  # a server that ignored the Range header
         return data
 
+    def get_versioned(self, key: str) -> Versioned | None:
+        """One GetObject: the body and the ETag it was read at (quoted, as S3 gives it)."""
+        full = self._full(key)
+        with self._errors(key):
+            try:
+                response = self._call("get_object", Key=full)
+            except bce.ClientError as exc:
+                if error_code(exc) in ABSENT:
+                    return None
+                raise
+            data: bytes = response["Body"].read()
+        return Versioned(data, response.get("ETag"))
+
     def stat(self, key: str) -> KeyInfo | None:
         """Size and time from a HEAD: the ``mtime`` metadata if any, else LastModified."""
         head = self._head(key)
-        return None if head is None else KeyInfo(key, int(head["ContentLength"]), mtime_of(head))
+        if head is None:
+            return None
+        return KeyInfo(key, int(head["ContentLength"]), mtime_of(head), head.get("ETag"))
 
     def _head(self, key: str) -> dict[str, Any] | None:
         full = self._full(key)
@@ -280,8 +303,9 @@ class S3Store(KvStore):
     def _infos(self, page: Mapping[str, Any]) -> Iterator[KeyInfo]:
         for obj in page.get("Contents", ()):
             rel = self._relative(obj["Key"])
-            if rel is not None:
-                yield KeyInfo(rel, int(obj["Size"]), obj["LastModified"].timestamp())
+            if rel is not None and not s3_conditional.is_scratch(rel):
+                mtime = obj["LastModified"].timestamp()
+                yield KeyInfo(rel, int(obj["Size"]), mtime, obj.get("ETag"))
 
     def _pages(
         self, prefix: str, delimiter: str | None, *, page_size: int | None = None
@@ -335,6 +359,37 @@ class S3Store(KvStore):
                     self._part_size,
                     self._checksum(),
                 )
+
+    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
+        """A PUT with ``If-Match: version`` (``If-None-Match: *`` for None); above the
+        multipart threshold the condition goes on CompleteMultipartUpload. Returns the new
+        ETag; a refusal (412, 409, or 404 to an ``If-Match``) is VersionConflict."""
+        full = self._full(key)
+        self._check_writable(key)
+        condition = s3_conditional.conditions(version)
+        try:
+            if len(value) < self._threshold:
+                answer = self._call("put_object", Key=full, Body=bytes(value), **condition)
+            else:
+                answer = s3_uploads.upload_in_parts(
+                    self._call,
+                    self._executor(),
+                    full,
+                    memoryview(value).cast("B"),
+                    self._part_size,
+                    self._checksum(),
+                    **condition,
+                )
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            code = error_code(exc) if isinstance(exc, bce.ClientError) else ""
+            refused = s3_conditional.conflict(code, key, version, self.where)
+            raise (refused or translate(exc, self.where, key)) from exc
+        etag: str | None = answer.get("ETag")
+        return etag
+
+    def probe_conditional_writes(self) -> str | None:
+        """Ask the endpoint (:func:`~n5fs.kvstore.s3_conditional.probe`); never raises."""
+        return s3_conditional.probe(self)
 
     def _checksum(self) -> dict[str, str]:
         """Mirror s3transfer: with default flexible checksums, parts carry a CRC32."""
@@ -455,9 +510,26 @@ class S3Store(KvStore):
     # -- leftovers of killed writers: multipart uploads ------------------------------------
 
     def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
-        """The incomplete multipart uploads under ``prefix``; ``dead`` as
-        :func:`~n5fs.kvstore.s3_uploads.upload_is_dead` decides."""
-        return self._scan_uploads(prefix)[0]
+        """The incomplete multipart uploads under ``prefix`` (``dead`` as
+        :func:`~n5fs.kvstore.s3_uploads.upload_is_dead` decides), and the scratch objects of
+        interrupted probes (:mod:`~n5fs.kvstore.s3_conditional`)."""
+        found = self._scan_uploads(prefix)[0] + self._scratch_objects(prefix)
+        return tuple(sorted(found, key=lambda lo: (lo.path, lo.mtime)))
+
+    def _scratch_objects(self, prefix: str) -> tuple[Leftover, ...]:
+        """Probe scratch objects under ``prefix``: one LIST, at the root only."""
+        start = s3_conditional.SCRATCH_START
+        if not start.startswith(check_prefix(prefix)):
+            return ()
+        found = []
+        for page in self._pages(start, None):
+            for obj in page.get("Contents", ()):
+                rel = obj["Key"][len(self._prefix) :]
+                mtime = obj["LastModified"].timestamp()
+                leftover = s3_conditional.scratch_leftover(rel, int(obj["Size"]), mtime)
+                if leftover is not None:
+                    found.append(leftover)
+        return tuple(found)
 
     def _scan_uploads(self, prefix: str) -> tuple[tuple[Leftover, ...], frozenset[Upload]]:
         """The leftovers under ``prefix``, and every upload the server listed there."""
@@ -487,8 +559,12 @@ class S3Store(KvStore):
             log.debug("s3: cannot list multipart uploads in %s: %s", self.where, exc)
 
     def remove_leftover(self, leftover: Leftover) -> None:
-        """Abort the upload(s) behind ``leftover``, and drop them from dead writers' journals."""
+        """Abort the upload(s) behind ``leftover``, and drop them from dead writers' journals;
+        delete a probe's scratch object."""
         self._check_writable(leftover.path or "/")
+        if leftover.what == s3_conditional.SCRATCH_WHAT:
+            self.delete(leftover.path)
+            return
         with self._pool_lock:
             uploads = self._reported.pop(leftover, None)
         if uploads is None:  # reported by another store object: find it again
@@ -512,7 +588,7 @@ class S3Store(KvStore):
         dead writers whose uploads under ``prefix`` are gone from the server."""
         leftovers, present = self._scan_uploads(prefix)
         removed = []
-        for leftover in leftovers:
+        for leftover in leftovers + self._scratch_objects(prefix):
             if leftover.dead:
                 self.remove_leftover(leftover)
                 removed.append(leftover)

@@ -19,6 +19,7 @@ from n5fs.errors import (
     N5fsError,
     NotSupported,
     StoreUnavailable,
+    VersionConflict,
 )
 
 if TYPE_CHECKING:
@@ -49,12 +50,20 @@ ERROR_CODES: Mapping[str, type[N5fsError]] = {
     "502": StoreUnavailable,
     "503": StoreUnavailable,
     "504": StoreUnavailable,
+    # a conditional write (If-Match / If-None-Match) lost to another writer: not a fault of
+    # the endpoint (never EIO) and not transient (botocore retries neither 409 nor 412)
+    "PreconditionFailed": VersionConflict,
+    "ConditionalRequestConflict": VersionConflict,
+    "412": VersionConflict,
     "MethodNotAllowed": NotSupported,
     "NotImplemented": NotSupported,
     "501": NotSupported,
 }
 #: GET answers for a key that is absent (the hot path: no exception leaves the store)
 ABSENT = frozenset({"NoSuchKey", "NotFound", "404"})
+#: answers to a conditional write that another writer won (a NoSuchKey answering an
+#: ``If-Match`` is one too: :mod:`n5fs.kvstore.s3_conditional`)
+CONFLICT = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412"})
 #: GET answers for a range that starts past the end (or any range of an empty object)
 EMPTY_RANGE = frozenset({"InvalidRange", "416"})
 

@@ -276,9 +276,13 @@ def upload_in_parts(
     data: memoryview,
     part_size: int,
     checksum: Mapping[str, str],
-) -> None:
+    **complete_args: str,
+) -> dict[str, Any]:
     """Upload ``data`` as the object ``full`` in parts on ``pool``; complete only when all are
-    in, else abort (and re-raise). ``call(method, **kwargs)`` adds bucket and payer.
+    in, else abort (and re-raise). ``call(method, **kwargs)`` adds bucket and payer;
+    ``complete_args`` go to CompleteMultipartUpload (a condition: ``IfMatch``/``IfNoneMatch``,
+    which S3 checks there, so a refused one is aborted like any failure). Returns the answer
+    of CompleteMultipartUpload (its ``ETag``).
 
     Parts go in windows of :data:`PARTS_IN_FLIGHT`: botocore needs ``bytes`` bodies, so each
     part in flight is a copy, and the windows bound that extra memory.
@@ -301,15 +305,17 @@ def upload_in_parts(
     try:
         for start in range(0, len(numbers), PARTS_IN_FLIGHT):
             parts.extend(pool.map(put_part, numbers[start : start + PARTS_IN_FLIGHT]))
-        call(
+        answer: dict[str, Any] = call(
             "complete_multipart_upload",
             Key=full,
             UploadId=upload,
             MultipartUpload={"Parts": parts},
+            **complete_args,
         )
     except BaseException:
         abort(call, full, upload)
         raise
+    return answer
 
 
 def abort(call: Callable[..., Any], full: str, upload: str) -> None:
