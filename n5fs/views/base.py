@@ -10,7 +10,9 @@ the gateway's (from ``2**40``), so one ``fh`` never means two files.
 A Zarr view (``zarr3``, ``zarr2``) of a writable N5 store takes writes: they are staged and
 translated into native N5 by :class:`~n5fs.views.writes.ViewWrites` (its own handles, from
 ``2**41``), and committed through the gateway; the ``n5`` view of a writable Zarr store,
-likewise, into native Zarr (:class:`~n5fs.views.n5_writes.N5ViewWrites`). Every other view
+likewise, into native Zarr (:class:`~n5fs.views.n5_writes.N5ViewWrites`). Removing a
+document or a folder there removes the native data it stands for
+(:class:`~n5fs.views.removal.Removals`: the names it hides are hidden here). Every other view
 (``npy``, Zarr over Zarr, N5 over N5, a read-only store) answers EROFS
 (:class:`~n5fs.errors.ReadOnly`) to every call that would change something, before the
 gateway is asked; so does a writable view outside the hierarchies it writes into. The
