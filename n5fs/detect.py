@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from n5fs.caching import LoadingCache
 from n5fs.errors import DetectionFailed, InvalidSource, Rejected
-from n5fs.formats.base import ArrayNode, Format, GroupNode, Node
+from n5fs.formats.base import ArrayNode, Format, GroupNode, Node, chunk_like
 from n5fs.formats.registry import FORMATS, METADATA_NAMES, PROBE_NAMES, get_format
 from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.keys import basename, dir_prefix, parent, split_path
@@ -26,7 +26,7 @@ from n5fs.kvstore.registry import open_spec
 from n5fs.kvstore.spec import StoreSpec, ZipSpec, parse_spec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Callable, Iterable, Iterator, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,29 @@ class Detector:
             return 0
         folder = dir_prefix(parent(key))
         return self._cache.invalidate_prefix(folder)
+
+    def plain_above(self, key: str) -> list[str]:
+        """The folders above ``key`` that this cache answers "plain" and below which ``key``
+        is chunk-shaped (its path relative to the folder is indices only): the folders that
+        would hold ``key`` as a chunk had another writer made them arrays meanwhile."""
+        out = []
+        prefix = parent(key)
+        while True:
+            folder = dir_prefix(prefix)
+            if not chunk_like(key[len(folder) :]):
+                break
+            cached = self._cache.get(folder)
+            if cached is not None and cached.kind is FolderKind.PLAIN:
+                out.append(folder)
+            if not prefix:
+                break
+            prefix = parent(prefix)
+        return out
+
+    def forget(self, folders: Iterable[str]) -> None:
+        """Drop the cached answers of exactly ``folders`` (each detected afresh next time)."""
+        for folder in folders:
+            self._cache.invalidate(folder)
 
     def clear(self) -> None:
         self._cache.clear()

@@ -23,7 +23,7 @@ from n5fs.errors import KeyNotFound, Rejected, errno_of
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.gateway.namespace import DirEntries, FileMap
 from n5fs.gateway.ordering import ArrayOrder
-from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned
 from n5fs.kvstore.keys import folders_above
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import ForwardingStore
@@ -87,6 +87,14 @@ class HookedStore(ForwardingStore):
             self.calls.append(("get", key, byte_range))
         return self._around("get", key, lambda: super(HookedStore, self).get(key, byte_range))  # type: ignore[return-value]
 
+    def get_versioned(self, key: str) -> Versioned | None:
+        """A read with its version is a read: the same "get" gates stop it."""
+        with self._lock:
+            self.calls.append(("get", key, None))
+        return self._around(  # type: ignore[return-value]
+            "get", key, lambda: super(HookedStore, self).get_versioned(key)
+        )
+
     def get_many(self, keys):  # type: ignore[no-untyped-def]
         keys = list(keys)
         return self._around("get_many", keys[0] if keys else "",
@@ -98,6 +106,12 @@ class HookedStore(ForwardingStore):
 
     def set(self, key: str, value: bytes) -> None:
         self._around("set", key, lambda: super(HookedStore, self).set(key, value))
+
+    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
+        """A conditional write is a write: the same "set" gates stop it."""
+        return self._around(  # type: ignore[return-value]
+            "set", key, lambda: super(HookedStore, self).set_if(key, value, version=version)
+        )
 
 
 @pytest.fixture
@@ -299,6 +313,10 @@ class CountingGets(ForwardingStore):
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         self.got.append((key, byte_range))
         return super().get(key, byte_range)
+
+    def get_versioned(self, key: str) -> Versioned | None:
+        self.got.append((key, None))
+        return super().get_versioned(key)
 
     def get_many(self, keys):  # type: ignore[no-untyped-def]
         keys = list(keys)

@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from n5fs.errors import InvalidSource
-from n5fs.fuse_front.options import VALIDATE_MODES, parse_seconds, parse_size
+from n5fs.fuse_front.options import (
+    CONSISTENCY_MODES,
+    VALIDATE_MODES,
+    parse_seconds,
+    parse_size,
+)
 
 if TYPE_CHECKING:
     import argparse
@@ -78,6 +83,8 @@ class MountConfig:
     log_level: str | None = None
     #: ``as = "zarr3"``: the format the mount shows (a view: read-only)
     view: str | None = None
+    #: ``consistency = "strict"``: what other mounts' commits this one sees when
+    consistency: str | None = None
     options: tuple[str, ...] = ()
     s3: S3Settings | None = None
 
@@ -100,6 +107,8 @@ class MountConfig:
             groups.append(f"max_file_size={self.max_file_size}")
         if self.view is not None:
             groups.append(f"as={self.view}")
+        if self.consistency is not None:
+            groups.append(f"consistency={self.consistency}")
         return [*groups, *self.options]
 
 
@@ -224,6 +233,13 @@ def _cache_ttl(value: object) -> float:
     raise TypeError(f"expected a number of seconds, got {_type_name(value)} {value!r}")
 
 
+def _consistency(value: object) -> str:
+    text = _string(value)
+    if text not in CONSISTENCY_MODES:
+        raise ValueError(f"must be one of {', '.join(CONSISTENCY_MODES)}, not {text!r}")
+    return text
+
+
 def _view(value: object) -> str:
     from n5fs.views import parse_view
 
@@ -308,6 +324,7 @@ _KEYS: dict[str, Callable[[object], Any]] = {
     "allow_other": _boolean,
     "log_level": _log_level,
     "as": _view,
+    "consistency": _consistency,
     "options": _options,
     "s3": _s3,
 }

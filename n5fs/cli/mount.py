@@ -40,7 +40,12 @@ from n5fs.cli.sdnotify import Notifier, ServiceLink, status_line
 from n5fs.cli.status import run_status
 from n5fs.errors import InvalidSource, N5fsError
 from n5fs.fuse_front.mounts import MountFailed, is_stale, mount_entry, unmount
-from n5fs.fuse_front.options import VALIDATE_MODES, parse_seconds, parse_size
+from n5fs.fuse_front.options import (
+    CONSISTENCY_MODES,
+    VALIDATE_MODES,
+    parse_seconds,
+    parse_size,
+)
 from n5fs.views import VIEW_FORMATS
 
 if TYPE_CHECKING:
@@ -86,13 +91,15 @@ def serve_plan(
         max_file_size=plan.max_file_size,
         show_control=plan.options.show_control,
         durable=plan.options.durable,
+        consistency=plan.consistency,
+        conditional=plan.options.conditional,
     )
     gateway = Gateway(source.store, config)
     front = gateway if view == NATIVE else open_view(gateway, view)
     fuse = fuse_options(
         plan.options,
         read_only=front.read_only,
-        ttl=plan.ttl,
+        ttl=plan.kernel_ttl,
         fsname=plan.fsname,
         libfuse_major=LIBFUSE_VERSION[0],
     )
@@ -351,7 +358,9 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "directory with files, hiding them), show_control (list MOUNTPOINT/.n5fs, which "
         "is reachable by its path either way), as=FORMAT (see --as), validate=MODE, "
         "durable=fsync|commit (when a commit to a local store is on disk: at fsync/unmount, "
-        "or before close returns), "
+        "or before close returns), consistency=ttl|strict (see --consistency), "
+        "conditional=auto|off (metadata commits as compare-and-swap where the store honours "
+        "conditional writes, probed at mount; off: last writer wins), "
         "cache_size=SIZE, "
         "cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE, s3_connect_timeout=SECONDS, "
         "s3_read_timeout=SECONDS, s3_retries=N; others go to libfuse",
@@ -420,6 +429,17 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="SECONDS",
         help="how long listings and stats are trusted; also the kernel's attr/entry "
         "timeouts (default 5)",
+    )
+    p.add_argument(
+        "--consistency",
+        choices=CONSISTENCY_MODES,
+        default=None,
+        help="what this mount sees of other mounts' commits to the same store (one per node "
+        "of a cluster): ttl (default) trusts listings and detection for --cache-ttl seconds; "
+        "strict asks the store on every lookup and before every chunk commit (slower; "
+        "n5fs mount s3://bucket/vol /mnt/v --consistency strict). Either way a chunk-shaped "
+        "name in a folder believed plain is checked against the store before it lands, and "
+        "on S3 metadata commits are compare-and-swap: a lost race fails with EAGAIN",
     )
     p.add_argument(
         "-f",

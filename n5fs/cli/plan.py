@@ -49,10 +49,18 @@ class MountPlan:
     log_file: str | None
     staging_bytes: int = DEFAULT_STAGING
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
+    #: what other mounts' commits this one sees when (``ttl`` or ``strict``)
+    consistency: str = "ttl"
 
     @property
     def read_only(self) -> bool:
         return self.options.read_only
+
+    @property
+    def kernel_ttl(self) -> float:
+        """The kernel's attr/entry timeouts: the gateway's TTL, none in strict consistency
+        (every lookup reaches the gateway, which asks the store)."""
+        return 0.0 if self.consistency == "strict" else self.ttl
 
 
 def make_plan(args: argparse.Namespace) -> MountPlan:
@@ -80,6 +88,7 @@ def make_plan(args: argparse.Namespace) -> MountPlan:
         log_file=log_file,
         staging_bytes=_pick(args.staging_size, sizes.get("staging_size"), DEFAULT_STAGING),
         max_file_size=_pick(args.max_file_size, sizes.get("max_file_size"), DEFAULT_MAX_FILE_SIZE),
+        consistency=getattr(args, "consistency", None) or opts.consistency or "ttl",
     )
 
 

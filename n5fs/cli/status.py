@@ -117,6 +117,15 @@ def counters_line(counters: Mapping[str, Any]) -> str:
     )
 
 
+def consistency_line(counters: Mapping[str, Any]) -> str:
+    """What other mounts of the store this one keeps up with, and how (``docs/semantics.md``,
+    "Many mounts of one bucket")."""
+    mode = counters.get("consistency", "?")
+    conditional = counters.get("conditional_writes", "?")
+    conflicts = counters.get("conflicts", 0)
+    return f"consistency {mode}; conditional writes {conditional}; {conflicts} conflicts"
+
+
 def table_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
     mode = f"{row.get('mode', '?')},{row.get('validate', '?')}"
     pid = row.get("pid")
@@ -144,6 +153,7 @@ def render_table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(line(values))
         if row.get("counters"):
             lines.append("    " + counters_line(row["counters"]))
+            lines.append("    " + consistency_line(row["counters"]))
     return lines
 
 

@@ -23,6 +23,13 @@ Two more choices guard other users and the data under the mount point:
 ``commit`` before every ``close()`` returns, at two fsyncs per file (docs/semantics.md,
 "Durability"). Atomicity is the same either way.
 
+``consistency=ttl|strict`` and ``conditional=auto|off`` (n5fs's own) say how the mount keeps
+up with other mounts of the same store (docs/semantics.md, "Many mounts of one bucket"):
+``ttl`` (the default) trusts listings and detection for ``cache_ttl`` seconds; ``strict``
+asks the store on every lookup (kernel timeouts 0 too). ``conditional=auto`` makes metadata
+commits compare-and-swap where the store honours conditional writes (probed at mount);
+``off`` keeps last-writer-wins.
+
 ``as=zarr3|zarr2|npy|n5`` (n5fs's own, ``--as``) mounts a view of the store in that format
 (docs/semantics.md, "Views": writes through a Zarr view of N5 data or an N5 view of Zarr data
 land in the store's own format; npy is read-only); ``as=native`` is the default.
@@ -52,6 +59,8 @@ FuseValue = str | bool
 
 VALIDATE_MODES = ("strict", "warn", "off")
 DURABLE_MODES = ("fsync", "commit")
+CONSISTENCY_MODES = ("ttl", "strict")
+CONDITIONAL_MODES = ("auto", "off")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 #: libfuse options that would fight the cache settings n5fs chooses for read-only mounts
@@ -90,6 +99,12 @@ def parse_durable(text: str) -> str:
     return text
 
 
+def parse_choice(name: str, text: str, choices: tuple[str, ...]) -> str:
+    if text not in choices:
+        raise InvalidSource(f"{name} must be one of {', '.join(choices)}, not {text!r}")
+    return text
+
+
 def parse_validate(text: str) -> str:
     if text not in VALIDATE_MODES:
         raise InvalidSource(f"validate must be one of {', '.join(VALIDATE_MODES)}, not {text!r}")
@@ -112,6 +127,10 @@ class MountOptions:
     show_control: bool = False
     #: ``-o durable=``: when a commit to a local file store is on disk (fsync or commit)
     durable: str = DURABLE_MODES[0]
+    #: ``-o consistency=``: what other mounts' commits this one sees when (ttl or strict)
+    consistency: str | None = None
+    #: ``-o conditional=``: metadata commits as compare-and-swap where possible (auto) or not
+    conditional: str = CONDITIONAL_MODES[0]
     #: ``-o as=``: the format the mount shows (``native``: the store's own)
     view: str = "native"
     fuse: dict[str, FuseValue] = field(default_factory=dict)
@@ -149,6 +168,10 @@ def _apply(opts: MountOptions, name: str, value: str | None) -> None:
         opts.validate = parse_validate(value)
     elif name == "durable" and value is not None:
         opts.durable = parse_durable(value)
+    elif name == "consistency" and value is not None:
+        opts.consistency = parse_choice(name, value, CONSISTENCY_MODES)
+    elif name == "conditional" and value is not None:
+        opts.conditional = parse_choice(name, value, CONDITIONAL_MODES)
     elif name == "as" and value is not None:
         from n5fs.views import parse_view  # light: the views load when one is mounted
 

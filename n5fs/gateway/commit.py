@@ -126,8 +126,19 @@ class CommitRules:
         may be large files, are never read. A chunk of ``size`` bytes that a check passed
         while it was written (``pre``, :mod:`n5fs.gateway.prevalidate`) is not decoded again
         when that check was made for what the key is now.
+
+        A chunk-shaped key in a folder the detection cache calls plain is judged again with
+        those folders probed afresh (one probe batch each): another mount of the store may
+        have created the array after this one cached the folder, and the cache must not
+        decide that a chunk goes in unvalidated.
         """
+        stale = self.detector.plain_above(key)
         verdict = self.classifier.classify(key, load)
+        if stale and verdict.kind is KeyKind.OTHER:
+            # A chunk-shaped name in a folder this mount believes plain: another mount may
+            # have made it an array since. Ask the store, never let a chunk in unchecked.
+            self.detector.forget(stale)
+            verdict = self.classifier.classify(key, load)
         if verdict.kind is KeyKind.METADATA:
             assert verdict.fmt is not None
             data = load()

@@ -29,7 +29,7 @@ from collections import deque
 from functools import cache
 from typing import TYPE_CHECKING
 
-from n5fs.errors import NotSupported, Rejected
+from n5fs.errors import NotSupported, Rejected, StaleVersion
 from n5fs.formats.registry import METADATA_NAMES
 from n5fs.gateway.cache import Counters
 from n5fs.gateway.commit import CommitRules, Mode, Rejection
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
     from n5fs.detect import Detector
+    from n5fs.gateway.conditional import Conditional
     from n5fs.gateway.handles import Node
     from n5fs.gateway.reader import ObjectReader
     from n5fs.gateway.staging import StagingBudget
@@ -70,6 +71,7 @@ class Committer:
         mode: Mode,
         max_rejections: int,
         budget: StagingBudget,
+        conditional: Conditional,
     ) -> None:
         self.store = store
         self.detector = detector
@@ -78,7 +80,10 @@ class Committer:
         self.mode = mode
         self.rules = CommitRules(store, detector)
         self.order = ArrayOrder()
-        self.keeper = ConsolidatedKeeper(store, view.exists, self._written_by_keeper)
+        self.conditional = conditional
+        self.keeper = ConsolidatedKeeper(
+            store, view.exists, self._written_by_keeper, conditional=conditional.in_force
+        )
         self.counters = Counters("commits", "rejections", "bytes_in", "prechecked")
         #: chunk checks while writes arrive; none when nothing is validated
         self.prechecks = (
@@ -173,23 +178,71 @@ class Committer:
         pre = self.prechecks.finish(staged) if self.prechecks is not None else None
         with self.hold(key):
             try:
-                self.validate(key, load, staged.size, pre)
+                spilled = staged.spill_path()
+                version = self.write(key, load, staged.size, node.base, pre=pre, spilled=spilled)
             except Rejected:
                 node.dirty = False
                 node.mtime = None  # it belonged to the refused content
+                node.base = None
                 staged.close()
                 node.staged = None
                 raise
-            spilled = staged.spill_path()
+            mtime = self.keep_mtime(key, node.mtime)
+            node.mtime = None
+            node.base = version
+            self.after_set(key, staged.size, None if spilled else load(), mtime, version)
+        node.dirty = False
+        node.stored = True
+
+    def versioned(self, key: str) -> bool:
+        """Is a commit of ``key`` a compare-and-swap (a metadata name, conditional writes in
+        force: :mod:`n5fs.gateway.conditional`)?"""
+        return self.conditional.in_force and is_metadata(key)
+
+    def base_of(self, key: str) -> str | None:
+        """The version a commit of ``key`` starting now compares with: what the view shows."""
+        return self.conditional.base_of(self.view.info(key)) if self.versioned(key) else None
+
+    def write(
+        self,
+        key: str,
+        load: Callable[[], bytes],
+        size: int | None,
+        base: str | None,
+        *,
+        pre: Precheck | None = None,
+        spilled: str | None = None,
+    ) -> str | None:
+        """Validate and store ``load()`` at ``key`` (caller holds the order for ``key``);
+        return the stored version where one is kept. A metadata commit compares ``base``
+        with the version it validates against and writes only if that is still current
+        (:class:`~n5fs.errors.StaleVersion` otherwise: recorded, the key's cached entries
+        dropped)."""
+        if not self.versioned(key):
+            self.validate(key, load, size, pre)
             if spilled is not None:
                 self.store.put_file(key, spilled)
             else:
                 self.store.set(key, load())
-            mtime = self.keep_mtime(key, node.mtime)
-            node.mtime = None
-            self.after_set(key, staged.size, None if spilled else load(), mtime)
-        node.dirty = False
-        node.stored = True
+            return None
+        try:
+            current = self.conditional.current(key)
+            if self.conditional.unchanged(key, base, current, load()):
+                assert current is not None
+                return current.version
+            self.validate(key, load, size, pre)
+            return self.conditional.put(key, load(), current)
+        except StaleVersion as exc:
+            self._reject(key, exc, stored=False)
+            self.forget(key)
+            raise
+
+    def forget(self, key: str) -> None:
+        """Drop what this mount caches of ``key`` (another writer changed it)."""
+        self.view.forget(key)
+        self.reader.cache.invalidate(key)
+        self.detector.invalidate(key)
+        self.changed([key])
 
     def set_mtime(self, key: str, mtime: float, size: int) -> None:
         """Give the stored ``key`` (``size`` bytes) the modification time ``mtime``."""
@@ -211,26 +264,30 @@ class Committer:
             return None
         return mtime
 
-    def commit_bytes(self, key: str, data: bytes) -> None:
+    def commit_bytes(self, key: str, data: bytes, base: str | None = None) -> None:
         """Validate and store ``data`` at ``key`` (links, symlinks)."""
         with self.hold(key):
-            self.store_bytes(key, data)
+            self.store_bytes(key, data, base)
 
-    def store_bytes(self, key: str, data: bytes) -> None:
+    def store_bytes(self, key: str, data: bytes, base: str | None = None) -> None:
         """``commit_bytes`` for a caller that already holds the order for ``key``."""
-        self.validate(key, lambda: data, len(data))
-        self.store.set(key, data)
-        self.after_set(key, len(data), data)
+        version = self.write(key, lambda: data, len(data), base)
+        self.after_set(key, len(data), data, None, version)
 
     def after_set(
-        self, key: str, size: int, data: bytes | None, mtime: float | None = None
+        self,
+        key: str,
+        size: int,
+        data: bytes | None,
+        mtime: float | None = None,
+        version: str | None = None,
     ) -> None:
         """``key`` was stored (``data`` when in memory; ``mtime`` when one was kept): patch
         what is cached, keep consolidated metadata true, tell subscribers. Inside the hold
         of ``key``."""
         self.counters.add("commits")
         self.counters.add("bytes_in", size)
-        self._note_written(key, size, data, mtime)
+        self._note_written(key, size, data, mtime, version)
         changed = [key]
         if self.mode is not Mode.OFF and is_metadata(key):
             if data is None:
@@ -239,17 +296,22 @@ class Committer:
         self.changed(changed)
 
     def _note_written(
-        self, key: str, size: int, data: bytes | None, mtime: float | None = None
+        self,
+        key: str,
+        size: int,
+        data: bytes | None,
+        mtime: float | None = None,
+        version: str | None = None,
     ) -> None:
-        info = self.view.note_set(key, size, mtime)
+        info = self.view.note_set(key, size, mtime, version)
         if data is not None:
             self.reader.cache.put(key, (info.size, info.mtime), data)
         else:
             self.reader.cache.invalidate(key)
         self.detector.invalidate(key)
 
-    def _written_by_keeper(self, key: str, data: bytes) -> None:
-        self._note_written(key, len(data), data)
+    def _written_by_keeper(self, key: str, data: bytes, version: str | None) -> None:
+        self._note_written(key, len(data), data, None, version)
 
     def after_delete(self, key: str) -> None:
         """``key`` was removed from the store (inside the hold of ``key``)."""

@@ -15,16 +15,26 @@ one upkeep at a time, each reading the document the previous one wrote. Callers 
 commit order of the metadata key (so the document is never rewritten by a commit of the
 consolidated file itself meanwhile); the lock is taken inside that, and nothing is acquired
 under it but cache (leaf) locks.
+
+Other mounts of the same bucket keep the same documents, and no lock reaches them. Where
+conditional writes are in force (:mod:`n5fs.gateway.conditional`) each rewrite is a
+compare-and-swap: read the document with its version, merge, write ``If-Match`` that version
+(``If-None-Match`` never: a document is only kept, never created here). A lost race re-reads
+the key's current value and the latest document and merges again, after a jittered pause,
+up to :data:`ATTEMPTS` times, so no node's entry is lost. A document still contended after
+that is logged as an error and left for the next upkeep (or ``n5fs validate``) to repair.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from n5fs.codecs.jsondoc import load_json
-from n5fs.errors import Rejected
+from n5fs.errors import Rejected, VersionConflict
 from n5fs.formats.registry import CONSOLIDATIONS
 
 if TYPE_CHECKING:
@@ -35,15 +45,31 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: compare-and-swap attempts of one document rewrite before giving up (logged)
+ATTEMPTS = 12
+#: the first pause after a lost race, doubled each time (with jitter), in seconds
+BACKOFF = 0.01
+
 
 class ConsolidatedKeeper:
     def __init__(
-        self, store: KvStore, exists: Callable[[str], bool], on_write: Callable[[str, bytes], None]
+        self,
+        store: KvStore,
+        exists: Callable[[str], bool],
+        on_write: Callable[[str, bytes, str | None], None],
+        *,
+        conditional: bool = False,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store = store
         self._exists = exists
         self._on_write = on_write
+        self._conditional = conditional
+        self._sleep = sleep
         self._lock = threading.Lock()
+        #: lost compare-and-swap races, documents given up on (read by the control entries)
+        self.retries = 0
+        self.given_up = 0
 
     def after_change(self, key: str, data: bytes | None) -> list[str]:
         """``key`` was set to ``data`` (None: deleted); return the keys rewritten."""
@@ -57,30 +83,72 @@ class ConsolidatedKeeper:
                 written += [
                     doc_key
                     for doc_key in consolidation.documents(key)
-                    if self._update(consolidation, doc_key, key, entry)
+                    if self._keep(consolidation, doc_key, key, entry)
                 ]
         return written
 
-    def _update(self, consolidation: Consolidation, doc_key: str, key: str, entry: Any) -> bool:
+    def _keep(self, consolidation: Consolidation, doc_key: str, key: str, entry: Any) -> bool:
         if doc_key == key or not self._exists(doc_key):
             return False
-        doc = self._load(doc_key)
+        if not self._conditional:
+            return self._update(consolidation, doc_key, key, entry)
+        pause = BACKOFF
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                self.retries += 1
+                self._sleep(pause * (0.5 + random.random()))
+                pause *= 2
+                entry = self._entry_now(key)  # another node may have changed it too
+            try:
+                return self._update(consolidation, doc_key, key, entry)
+            except VersionConflict:
+                continue
+        self.given_up += 1
+        log.error(
+            "%s: gave up keeping the entry of /%s after %d lost races with other writers; "
+            "`n5fs validate` reports the document stale",
+            doc_key,
+            key,
+            ATTEMPTS,
+        )
+        return False
+
+    def _entry_now(self, key: str) -> Any:
+        raw = self.store.get(key)
+        try:
+            return load_json(raw) if raw is not None else None
+        except Rejected:
+            return None
+
+    def _update(self, consolidation: Consolidation, doc_key: str, key: str, entry: Any) -> bool:
+        """One read-merge-write; VersionConflict when another writer rewrote the document
+        between the read and the write (conditional writes only)."""
+        if self._conditional:
+            got = self.store.get_versioned(doc_key)
+            raw = got.data if got is not None else None
+        else:
+            got, raw = None, self.store.get(doc_key)
+        doc = _document(raw)
         new = consolidation.updated(doc_key, doc, key, entry) if doc is not None else None
         if new is None:
-            if doc is None:
+            if raw is not None and doc is None:
                 log.warning("not updating %s: it is not a JSON object", doc_key)
             return False
         if new == doc:
             return False  # already true: leave the bytes alone
         data = consolidation.serialize(new)
-        self.store.set(doc_key, data)
-        self._on_write(doc_key, data)
+        version = None
+        if got is not None:
+            version = self.store.set_if(doc_key, data, version=got.version)
+        else:
+            self.store.set(doc_key, data)
+        self._on_write(doc_key, data, version)
         return True
 
-    def _load(self, key: str) -> dict[str, Any] | None:
-        raw = self.store.get(key)
-        try:
-            doc = load_json(raw) if raw is not None else None
-        except Rejected:
-            return None
-        return doc if isinstance(doc, dict) else None
+
+def _document(raw: bytes | None) -> dict[str, Any] | None:
+    try:
+        doc = load_json(raw) if raw is not None else None
+    except Rejected:
+        return None
+    return doc if isinstance(doc, dict) else None

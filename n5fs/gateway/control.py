@@ -2,7 +2,9 @@
 housekeeping they report on.
 
 ``rejections`` lists refused (or, in warn mode, flagged) commits as JSON lines;
-``stats.json`` holds the counters ``n5fs status`` and systemd's STATUS= show. Both are
+``stats.json`` holds the counters ``n5fs status`` and systemd's STATUS= show, and the
+settings that decide what other mounts' commits this one sees (``consistency``,
+``conditional_writes``: "in force" or why not). Both are
 rendered when opened, from the owners' thread-safe snapshots. The only state here is the
 count of leftovers the mount's sweep removed, guarded by ``_lock`` (a leaf lock).
 """
@@ -36,8 +38,10 @@ class ControlEntries:
         reader: ObjectReader,
         files: OpenFiles,
         budget: StagingBudget,
+        consistency: str = "ttl",
     ) -> None:
         self.committer = committer
+        self.consistency = consistency
         self.view = view
         self.reader = reader
         self.files = files
@@ -65,13 +69,26 @@ class ControlEntries:
             lines = (r.to_json_line() + "\n" for r in self.committer.rejections())
             return "".join(lines).encode()
         if name == "stats.json":
-            return (json.dumps(self.stats(), indent=2, sort_keys=True) + "\n").encode()
+            doc = {**self.stats(), **self.settings()}
+            return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
         raise KeyNotFound(f"/{key}")
+
+    def settings(self) -> dict[str, str]:
+        """What this mount promises about other writers of its store (``n5fs status``)."""
+        reason = self.committer.conditional.reason
+        return {
+            "consistency": self.consistency,
+            "conditional_writes": "in force" if reason is None else f"off: {reason}",
+        }
 
     def stats(self) -> dict[str, int]:
         listings, cache = self.view.listings, self.reader.cache
+        keeper = self.committer.keeper
         return {
             **self.committer.counters.snapshot(),
+            **self.committer.conditional.counters.snapshot(),
+            "consolidation_retries": keeper.retries,
+            "consolidation_given_up": keeper.given_up,
             "listing_hits": listings.hits,
             "listing_misses": listings.misses,
             "listing_loads_discarded": listings.discarded,

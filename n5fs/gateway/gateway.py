@@ -43,6 +43,7 @@ from n5fs.errors import (
 )
 from n5fs.gateway.commit import Mode, Rejection
 from n5fs.gateway.committer import Committer
+from n5fs.gateway.conditional import Conditional
 from n5fs.gateway.control import ControlEntries
 from n5fs.gateway.handles import Handle, Node, OpenFiles, RefusedNames, StagingConfig
 from n5fs.gateway.namespace import (
@@ -67,6 +68,8 @@ if TYPE_CHECKING:
     from n5fs.kvstore.base import KvStore
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
+#: the ``consistency`` settings (see :class:`GatewayConfig`)
+CONSISTENCY = ("ttl", "strict")
 
 
 @dataclass
@@ -99,6 +102,13 @@ class GatewayConfig:
     #: next ``fsync()`` or unmount, as on a local filesystem; ``commit`` before ``close()``
     #: returns (two fsyncs per file, the larger part of the write path's cost)
     durable: str = "fsync"
+    #: metadata commits as compare-and-swap where the store honours conditional writes
+    #: (``auto``: probed at mount; ``off``: last-writer-wins, one writing mount per hierarchy)
+    conditional: str = "auto"
+    #: what other mounts' commits this mount sees when (``-o consistency=``): ``ttl`` trusts
+    #: listings and detection for ``ttl`` seconds; ``strict`` asks the store on every lookup
+    #: and checks an array's metadata is current before each chunk commit
+    consistency: str = "ttl"
 
 
 class Gateway:
@@ -115,7 +125,10 @@ class Gateway:
         self.read_only = cfg.read_only or not store.writable
         if isinstance(store, FileStore):
             store.durability = Durability(cfg.durable)
-        self.detector = Detector(store, ttl=cfg.ttl, clock=clock)
+        if cfg.consistency not in CONSISTENCY:
+            raise ValueError(f"consistency must be one of {', '.join(CONSISTENCY)}")
+        ttl = 0.0 if cfg.consistency == "strict" else cfg.ttl
+        self.detector = Detector(store, ttl=ttl, clock=clock)
         self.budget = StagingBudget(cfg.staging_bytes)
         self.files = OpenFiles(
             store, self.budget, StagingConfig(cfg.spill_bytes, cfg.tmp_dir, cfg.max_file_size)
@@ -124,12 +137,17 @@ class Gateway:
             store,
             self.detector,
             self.files,
-            ttl=cfg.ttl,
+            ttl=ttl,
             clock=clock,
             writable=not self.read_only,
             control=self._control_bytes,
             show_control=cfg.show_control,
             flat_keys=cfg.flat_list_keys,
+        )
+        self.conditional = (
+            Conditional(store, reason="read-only mount")
+            if self.read_only
+            else Conditional.probe(store, wanted=cfg.conditional != "off")
         )
         self.reader = ObjectReader(
             store,
@@ -145,6 +163,7 @@ class Gateway:
             mode=self.mode,
             max_rejections=cfg.max_rejections,
             budget=self.budget,
+            conditional=self.conditional,
         )
         self.rules = self.committer.rules
         self.renamer = Renamer(
@@ -152,7 +171,7 @@ class Gateway:
         )
         self._refused = RefusedNames()
         self.control = ControlEntries(
-            self.committer, self.view, self.reader, self.files, self.budget
+            self.committer, self.view, self.reader, self.files, self.budget, cfg.consistency
         )
 
     @property
@@ -230,10 +249,13 @@ class Gateway:
         if not writing:
             listed = (attr.size, attr.mtime)
             return self.files.add_handle(self.files.reading(key, flags, self.reader, listed))
-        if not flags & os.O_TRUNC:
-            return self.files.add_handle(Handle(self.files.acquire(key), flags))
+        base = self.committer.base_of(key)
         node = self.files.acquire_locked(key)
         try:
+            if not node.pending:
+                node.base = base  # the version a metadata commit compares with
+            if not flags & os.O_TRUNC:
+                return self.files.add_handle(Handle(node, flags))
             self.files.empty(node)
             node.dirty = True
         finally:
@@ -274,6 +296,8 @@ class Gateway:
         if attr is None:
             self._check_ancestors(node.key)
             node.stored = False
+        if not node.pending:
+            node.base = self.committer.base_of(node.key)
         node.unlinked = False
         if attr is None or flags & os.O_TRUNC:
             self.files.empty(node)

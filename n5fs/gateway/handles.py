@@ -4,7 +4,7 @@ handle numbers the kernel holds.
 State and locks:
 - ``OpenFiles._lock`` guards the two tables (key -> node, fh -> handle) and every node's
   ``refs`` and ``key``; it is a leaf lock, held for table work only.
-- ``Node.lock`` guards the node's staged buffer and flags (``dirty``, ``stored``,
+- ``Node.lock`` guards the node's staged buffer, its ``base`` version and flags (``dirty``, ``stored``,
   ``written``, ``unlinked``) and the stamps its local readers opened (``reading``).
   Everything that changes a node's content (write, truncate, commit, rename of the key)
   holds it; a read takes it only to go through staging. It is taken *before* any
@@ -71,6 +71,9 @@ class Node:
     unlinked: bool = False
     #: a modification time set (``utimens``) while content is staged: the commit applies it
     mtime: float | None = None
+    #: the stored version a metadata commit compares with (:mod:`n5fs.gateway.conditional`):
+    #: what the mount saw when the node was opened for writing, then what it last wrote
+    base: str | None = None
     #: how many open handles read each version of the local file (their stamps)
     reading: dict[Stamp, int] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)

@@ -77,6 +77,7 @@ class Renamer:
             return
         if dst_attr is not None and dst_attr.kind is EntryKind.DIR:
             raise IsAPrefix(f"is a directory: /{dst}")
+        base = self.committer.base_of(dst)  # the version of dst this mount saw
         with self.files.pinned(src, dst) as (node, _replaced):
             if node.unlinked or (not node.stored and not node.pending):
                 raise KeyNotFound(f"no such file: /{src}")
@@ -85,14 +86,17 @@ class Renamer:
                 data = node.staged.getvalue() if pending and node.staged is not None else None
                 # the bytes validated are the bytes stored: one snapshot, under the node lock
                 load = cache(partial(self.content, node)) if data is None else partial(bytes, data)
-                self.committer.validate(dst, load)
+                if data is None and self.committer.versioned(dst):
+                    data = load()  # a compare-and-swap, not a server-side copy
+                version = None
                 if data is not None:
-                    self.store.set(dst, data)
+                    version = self.committer.write(dst, load, len(data), base)
                     if node.stored:
                         self.store.delete(src)
                     size = len(data)
                     mtime = self.committer.keep_mtime(dst, node.mtime)
                 else:
+                    self.committer.validate(dst, load)
                     cached = self.reader.cache.get(src)
                     moved = self.view.info(src)  # a rename keeps the file's time
                     self.store.rename(src, dst)
@@ -101,9 +105,9 @@ class Renamer:
                     mtime = moved.mtime if moved is not None else None
                 self.files.detach(dst)  # an open file of the old dst lives on unnamed
                 self.files.move(node, dst)
-                node.dirty, node.stored, node.mtime = False, True, None
+                node.dirty, node.stored, node.mtime, node.base = False, True, None, version
                 self.committer.after_delete(src)
-                self.committer.after_set(dst, size, data, mtime)
+                self.committer.after_set(dst, size, data, mtime, version)
 
     def _size_of(self, key: str) -> int:
         info = self.store.stat(key)
@@ -116,7 +120,7 @@ class Renamer:
             if target.pending or self.view.lookup(dst) is not None:
                 raise KeyExists(f"file exists: /{dst}")
             data = self.content(node)
-            self.committer.commit_bytes(dst, data)
+            self.committer.commit_bytes(dst, data, self.committer.base_of(dst))
 
     # -- directories ---------------------------------------------------------------------------
 
@@ -200,12 +204,12 @@ class Renamer:
                 raise
             if self.view.lookup(key) is not None:
                 raise KeyExists(f"file exists: /{key}")
-            self.committer.store_bytes(attrs_key, data)
+            self.committer.store_bytes(attrs_key, data, self.committer.base_of(attrs_key))
         self.committer.changed([key])
 
     def remove_link(self, key: str) -> None:
         prefix = dir_prefix(parent(key))
         with self.committer.order.for_folder(prefix):
             attrs_key, data = remove_link(self.detector.folder(prefix), basename(key))
-            self.committer.store_bytes(attrs_key, data)
+            self.committer.store_bytes(attrs_key, data, self.committer.base_of(attrs_key))
         self.committer.changed([key])

@@ -236,11 +236,13 @@ class NamespaceView:
 
     # -- our own changes -----------------------------------------------------------------------
 
-    def note_set(self, key: str, size: int, mtime: float | None = None) -> KeyInfo:
-        """``key`` now holds ``size`` bytes (modified at ``mtime``, else now): patch the
-        listings of its folder and of every folder above (each holds a directory now).
-        Returns the info the listing shows."""
-        info = KeyInfo(key, size, time.time() if mtime is None else mtime)
+    def note_set(
+        self, key: str, size: int, mtime: float | None = None, etag: str | None = None
+    ) -> KeyInfo:
+        """``key`` now holds ``size`` bytes (modified at ``mtime``, else now; at version
+        ``etag`` where the write returned one): patch the listings of its folder and of every
+        folder above (each holds a directory now). Returns the info the listing shows."""
+        info = KeyInfo(key, size, time.time() if mtime is None else mtime, etag)
         name = basename(key)
         self.listings.replace(dir_prefix(parent(key)), lambda e: e.with_file(name, info))
         child = parent(key)
@@ -254,6 +256,10 @@ class NamespaceView:
             self.listings.replace(folder, partial(DirEntries.with_dir, name=sub))
             child = parent(child)
         return info
+
+    def forget(self, key: str) -> None:
+        """Another writer changed ``key``: its folder is listed again at the next question."""
+        self.listings.invalidate(dir_prefix(parent(key)))
 
     def note_delete(self, key: str) -> None:
         name = basename(key)
