@@ -261,3 +261,29 @@ def test_zarr_python_creates_arrays_in_an_n5_root_without_attributes(
     del group["sub"]
     assert not (root / "sub").exists()
     assert sorted(zarr.open_group(str(mp), mode="r").keys()) == ["new", "old"]
+
+
+def test_zarr_python_resaves_metadata_of_an_n5_gzip_dataset(
+    mounter: Mounter, tmp_path: Path
+) -> None:
+    """zarr-python 3 sets an attribute and resizes to the same shape on an N5 gzip dataset
+    TensorStore wrote (``"level": -1``, shown as 6) through ``--as zarr3``: both rewrite the
+    view's own ``zarr.json``, which changes no compression; the chunks stay and read back."""
+    from n5fs.cli.main import main
+
+    root = tmp_path / "container"
+    tensorstore_n5(root / "a", ramp((5, 6)), [2, 4])
+    (root / "attributes.json").write_text(json.dumps({"n5": "4.0.0"}))
+    stored = json.loads((root / "a" / "attributes.json").read_text())["compression"]
+    assert stored["level"] == -1
+    mp = mounter.foreground(str(root), "--as", "zarr3")
+    array = zarr.open_array(str(mp / "a"), mode="r+")
+    array.attrs["x"] = 1
+    array.resize(array.shape)
+    attrs = json.loads((root / "a" / "attributes.json").read_text())
+    assert attrs["compression"] == stored
+    assert attrs["x"] == 1
+    again = zarr.open_array(str(mp / "a"), mode="r")
+    assert again.attrs["x"] == 1
+    np.testing.assert_array_equal(again[...], ramp((5, 6)).T)
+    assert main(["validate", str(root)]) == 0

@@ -323,3 +323,58 @@ def test_plain_files_of_a_group_are_written_as_stored(tmp_path: Path) -> None:
     assert not (root / "notes.txt").exists()
     view.unlink("/notes.txt")
     assert view.lookup("/notes.txt") is None
+
+
+@pytest.mark.parametrize(
+    ("fmt", "compression"),
+    [
+        ("zarr3", {"type": "gzip"}),  # TensorStore stores "level": -1 (N5's default); shown as 6
+        ("zarr2", {"type": "gzip"}),
+        ("zarr2", {"type": "gzip", "useZlib": True}),
+        ("zarr3", {"type": "gzip", "useZlib": True}),  # no zlib in v3: shown raw, decoded
+        ("zarr3", {"type": "bzip2"}),  # shown raw, decoded
+        ("zarr3", {"type": "blosc", "cname": "zstd", "clevel": 3, "shuffle": 2}),
+    ],
+)
+def test_the_views_own_document_written_back_changes_no_compression(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str, compression: dict[str, Any]
+) -> None:
+    """zarr-python re-saves an array's metadata (``arr.attrs[...] = ...``) by writing back the
+    document it read, the view's: a document whose compression is the one the view shows for
+    the stored one changes no compression (the chunks stay), while a real change is still
+    refused while chunks exist."""
+    from tests.writers import tensorstore_n5
+
+    root = n5_root(tmp_path)
+    values = np.arange(4 * 6, dtype="uint16").reshape(4, 6) + 1
+    tensorstore_n5(root / "a", values, [3, 4], compression)
+    stored = json.loads((root / "a" / "attributes.json").read_text())["compression"]
+    view = writable_view(root, fmt)
+    name = "zarr.json" if fmt == "zarr3" else ".zarray"
+    doc = view.read_file(f"/a/{name}")
+    put(view, f"a/{name}", doc)  # written back unchanged
+
+    store = MemoryStore()
+    proto = zarr.core.buffer.default_buffer_prototype()
+    store._store_dict[f"a/{name}"] = proto.buffer.from_bytes(doc)
+    array = zarr.open_array(store, path="a", mode="r+", zarr_format=3 if fmt == "zarr3" else 2)
+    array.attrs["x"] = 1
+    array[0:4, 0:3] = 99  # one whole chunk, in the view's codecs: stored in N5's
+    for key, data in zarr_files_of(store).items():
+        put(view, key, data)
+    attrs = json.loads((root / "a" / "attributes.json").read_text())
+    assert attrs["compression"] == stored
+    assert attrs["x"] == 1
+    values[0:3, 0:4] = 99
+    np.testing.assert_array_equal(n5_values(root, "a"), values)
+    validate_clean(root, capsys)
+
+    changed = json.loads(doc)
+    if fmt == "zarr3":
+        changed["codecs"] = [changed["codecs"][0], {"name": "zstd", "configuration": {"level": 1}}]
+    else:
+        changed["compressor"] = {"id": "zstd", "level": 1}
+    with pytest.raises(Rejected) as caught:
+        put(view, f"a/{name}", json.dumps(changed).encode())
+    assert caught.value.rule == "structural-change"
+    assert json.loads((root / "a" / "attributes.json").read_text())["compression"] == stored

@@ -15,11 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from n5fs.codecs.n5_compression import compression_from_type, parse_compression
 from n5fs.errors import Rejected
 from n5fs.formats.base import ArrayNode
-from n5fs.formats.n5 import DATA_TYPES
+from n5fs.formats.n5 import DATA_TYPES, VERSION0_COMPRESSION_KEY
 from n5fs.formats.zarr2 import Zarr2Format
 from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format
+from n5fs.views import codecs
 
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
@@ -52,7 +54,38 @@ def n5_attributes(
     attrs = dataset_keys(node, parse_json(data, key), key)
     v2 = name == ".zarray"
     kept = {k: v for k, v in current.items() if (k not in DATASET if v2 else k in KEPT)}
-    return {**kept, **dict(node.attributes), **attrs}, node
+    kept.pop(VERSION0_COMPRESSION_KEY, None)
+    same = stored_compression(view, attrs["compression"], current)
+    if same is not None:
+        del attrs["compression"]
+    return {**kept, **dict(node.attributes), **attrs, **(same or {})}, node
+
+
+def stored_compression(
+    view: str, compression: dict[str, Any], current: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The folder's stored compression key (``compression``, or version 0's
+    ``compressionType``) when ``compression`` is what the view's document for it maps back to,
+    else None. The view shows N5 gzip's ``"level": -1`` (N5 Java's default, which Zarr readers
+    refuse) as 6, a bzip2 dataset as raw (its chunks decoded): a writer that writes the view's
+    own document back (zarr-python re-saving metadata) means no change of compression, and
+    while chunks exist a change would be refused."""
+    try:
+        itemsize = np.dtype(DATA_TYPES[current["dataType"]]).itemsize
+        if "compression" in current:
+            stored = {"compression": current["compression"]}
+            now = parse_compression(current["compression"], itemsize=itemsize)
+        else:
+            stored = {VERSION0_COMPRESSION_KEY: current[VERSION0_COMPRESSION_KEY]}
+            now = compression_from_type(current[VERSION0_COMPRESSION_KEY])
+        shown = codecs.from_n5(now, view, itemsize).config
+        if view == codecs.ZARR3:
+            back = _v3_compression({"codecs": [{"name": "bytes"}, *shown]}, "")
+        else:
+            back = _v2_compression({"compressor": shown}, "")
+    except (KeyError, TypeError, Rejected):
+        return None  # no dataset here, or none the view shows
+    return stored if back == compression else None
 
 
 def refusal(message: str, path: str, rule: str) -> Rejected:
