@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zarr
@@ -164,3 +168,98 @@ def test_removing_zattrs_clears_the_attributes_only(tmp_path: Path) -> None:
     assert json.loads((root / "g/arr/attributes.json").read_text()) == attrs
     assert view.lookup("/g/arr/.zarray") is not None
     assert sorted(dict(view.readdir("/g/arr")))[-4:] == ["0.0", "0.1", "1.0", "1.1"]
+
+
+WAIT = 30.0  # generous: a deadlock fails the test instead of hanging it
+
+
+class PauseBefore:
+    """Pauses the first ``gateway.<call>(path)`` before it runs, until released: the hook
+    between a removal's decision (what it loaded) and its native call (what it stores)."""
+
+    def __init__(self, gateway: Gateway, call: str, path: str) -> None:
+        self.reached, self.opened = threading.Event(), threading.Event()
+        real: Callable[..., Any] = getattr(gateway, call)
+
+        def paused(p: str, *args: Any) -> Any:
+            if p == path and not self.reached.is_set():
+                self.reached.set()
+                assert self.opened.wait(WAIT), f"the {call} hook was never released"
+            return real(p, *args)
+
+        setattr(gateway, call, paused)
+
+    def wait_reached(self) -> None:
+        assert self.reached.wait(WAIT), "the hook was never reached"
+
+
+def test_a_document_written_while_rmdir_removes_its_doomed_array_is_kept(
+    tmp_path: Path,
+) -> None:
+    """rm -r took the document, then the chunks; the folder's rmdir has decided to remove the
+    array (no chunk left) when a writer's document for the same array is flushed. Either
+    order is serial: the removal, then the new array (the writer's close() succeeded, so its
+    document is stored and shown). Before the folder hold, the flush landed between the
+    decision and the native delete and the delete removed the writer's document."""
+    root = n5_store(tmp_path / "store")
+    view = view_of(root, "zarr3")
+    assert view.writes is not None
+    removals = view.writes.removals
+    doc = view.read_file("/g/arr/zarr.json")
+    view.unlink("/g/arr/zarr.json")  # doomed: the chunks stay
+    for name, _ in view.readdir("/g/arr"):
+        view.unlink(f"/g/arr/{name}")
+    fh = view.create("/g/arr/zarr.json", os.O_WRONLY | os.O_CREAT)
+    view.write(fh, doc, 0)  # staged; stored at the flush below
+
+    pause = PauseBefore(view.gateway, "unlink", "/g/arr/attributes.json")
+    writer_waits = threading.Event()  # the writer is at the hold (or done, without one)
+    holding = removals.holding
+
+    def watched(folder: str) -> Any:
+        if pause.reached.is_set():
+            writer_waits.set()
+        return holding(folder)
+
+    removals.holding = watched  # type: ignore[method-assign]
+    with ThreadPoolExecutor(2) as pool:
+        removing = pool.submit(view.rmdir, "/g/arr")
+        pause.wait_reached()
+        flushing = pool.submit(view.flush, fh)
+        flushing.add_done_callback(lambda _: writer_waits.set())
+        assert writer_waits.wait(WAIT)
+        pause.opened.set()
+        removing.result(WAIT)
+        flushing.result(WAIT)
+    view.release(fh)
+
+    attrs = json.loads((root / "g/arr/attributes.json").read_text())
+    assert attrs["dimensions"] == [4, 6]
+    assert view.read_file("/g/arr/zarr.json") == doc
+    assert removals.held_count() == 0
+    later = view_of(root, "zarr3")
+    assert later.lookup("/g/arr/zarr.json") is not None
+    assert sorted(dict(later.readdir("/g/arr"))) == ["zarr.json"]
+
+
+def test_rmdir_of_a_doomed_array_waits_for_no_chunk_unlink(tmp_path: Path) -> None:
+    """A chunk unlink has found its N5 block (loaded) and not yet removed it (stored) when the
+    folder's rmdir runs: the chunk is still shown, so the rmdir refuses (ENOTEMPTY) and
+    removes nothing; once the unlink is done the rmdir removes the array."""
+    root = n5_store(tmp_path / "store")
+    view = view_of(root, "zarr3")
+    view.unlink("/g/arr/zarr.json")
+    for name in ("0.0", "0.1", "1.0"):
+        view.unlink(f"/g/arr/{name}")
+    pause = PauseBefore(view.gateway, "unlink", "/g/arr/1/1")
+    with ThreadPoolExecutor(1) as pool:
+        unlinking = pool.submit(view.unlink, "/g/arr/1.1")
+        pause.wait_reached()
+        with pytest.raises(PrefixNotEmpty):
+            view.rmdir("/g/arr")
+        assert (root / "g/arr/attributes.json").exists()
+        pause.opened.set()
+        unlinking.result(WAIT)
+    view.rmdir("/g/arr")
+    assert not (root / "g" / "arr").exists()
+    assert view.lookup("/g/arr") is None

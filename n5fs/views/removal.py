@@ -27,8 +27,25 @@ the rest of its listing gone or changed. So:
 Names removed stay hidden until a document is written there again or their folder is
 removed. What is hidden lives in memory, for the mount.
 
-Thread-safety: ``_lock`` is a leaf lock around the two sets; native calls run outside it
-(the gateway orders what it must).
+Owner and locks: one :class:`Removals` per writable view (so per mount), owned by its
+:class:`~n5fs.views.writes.ViewWrites`; the hidden names and doomed arrays are its own, no
+other module reads or changes them but through its methods. Two kinds of lock:
+
+- a *hold* per folder (:meth:`Removals.holding`) is taken around each decision and the native
+  calls that carry it out: removing a document (its folder's hold), removing a folder (its
+  own), and a document written through the view (its folder's, taken by
+  :meth:`ViewWrites._commit <n5fs.views.writes.ViewWrites._commit>` around the native store and
+  :meth:`Removals.unhide`). The decision reads the gateway (is a chunk left?) and then
+  changes it (the native document goes): without the hold a document written in between was
+  removed with the old one (its writer's ``close()`` had succeeded), or hidden without its
+  array doomed (its folder then never removable). Chunks take no hold: a chunk unlink and a
+  folder's removal need none, since the removal finds the chunk still shown and refuses
+  (``ENOTEMPTY``) until its native unlink is done. Holds are taken first, one at a time (a
+  removal's own writes, :meth:`~n5fs.views.writes.ViewWrites.clear_attributes` and
+  :meth:`~n5fs.views.writes.ViewWrites.clear_group`, do not pass through ``_commit``), then
+  gateway locks inside the native calls;
+- ``_lock``, a leaf lock around the two sets and the table of holds, never held during a
+  native call.
 """
 
 from __future__ import annotations
@@ -42,11 +59,21 @@ from n5fs.gateway.namespace import EntryKind
 from n5fs.kvstore.keys import basename, parent
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from n5fs.detect import Folder
     from n5fs.views.writes import ViewWrites
 
 #: what a view document stands for
 ARRAY, ATTRIBUTES, GROUP = "array", "attributes", "group"
+
+
+class _Hold:
+    """A folder's hold and how many threads hold or wait for it (the entry goes at 0)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
 
 
 class Removals:
@@ -59,7 +86,38 @@ class Removals:
         self._hidden: set[str] = set()
         #: prefixes of arrays whose document was removed while chunks remained
         self._doomed: set[str] = set()
+        #: folder key -> its hold (module docs), only while held or awaited
+        self._holds: dict[str, _Hold] = {}
         self._lock = threading.Lock()
+
+    # -- holds ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def holding(self, folder: str) -> Iterator[None]:
+        """Exclude the other removals and document writes of ``folder`` (a key, ``""`` the
+        root) for the block: a decision and the native calls that carry it out."""
+        with self._lock:
+            hold = self._holds.setdefault(folder, _Hold())
+            hold.users += 1
+        try:
+            with hold.lock:
+                yield
+        finally:
+            with self._lock:
+                hold.users -= 1
+                if not hold.users:
+                    del self._holds[folder]
+
+    def writing(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """The hold a write of ``key`` takes: its folder's if ``key`` is a view document."""
+        if basename(key) in self.writes.document_names():
+            return self.holding(parent(key))
+        return contextlib.nullcontext()
+
+    def held_count(self) -> int:
+        """Folders held or awaited now (tests: none is left behind)."""
+        with self._lock:
+            return len(self._holds)
 
     # -- what the view shows -------------------------------------------------------------------
 
@@ -87,26 +145,31 @@ class Removals:
         role = self.writes.document_role(folder, basename(key))
         if role is None:
             return False
+        with self.holding(parent(key)):
+            self._remove_document(key, folder.prefix, role)
+        self.writes.changed(key)
+        return True
+
+    def _remove_document(self, key: str, prefix: str, role: str) -> None:
+        """The decision and its native calls, under the folder's hold."""
         shown = self.writes.declared(key) or self.tree.entry(key)
         if shown is None or self.hidden(key):
             raise KeyNotFound(f"no such file in the {self.tree.name} view: /{key}")
-        prefix = folder.prefix
         with self._lock:
             doomed = prefix in self._doomed
+        doom = False
         if role == ARRAY and not doomed:
-            if self._chunks_left(parent(key)):
-                with self._lock:
-                    self._doomed.add(prefix)
-            else:
+            doom = self._chunks_left(parent(key))
+            if not doom:
                 self._erase(prefix)
         elif role == ATTRIBUTES and not doomed:
             self.writes.clear_attributes(prefix)
         elif role == GROUP:
             self.writes.clear_group(prefix)
         with self._lock:
+            if doom:
+                self._doomed.add(prefix)
             self._hidden.add(key)
-        self.writes.changed(key)
-        return True
 
     def _chunks_left(self, folder: str) -> bool:
         docs = self.writes.document_names()
@@ -136,6 +199,10 @@ class Removals:
     def rmdir(self, key: str) -> None:
         """Remove the view folder ``key``: a doomed array's native remains, a folder the view
         makes, or the native folder."""
+        with self.holding(key):
+            self._remove_folder(key)
+
+    def _remove_folder(self, key: str) -> None:
         prefix = key + "/"
         with self._lock:
             doomed = prefix in self._doomed

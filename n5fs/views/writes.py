@@ -271,10 +271,24 @@ class ViewWrites:
         return True
 
     def _commit(self, key: str, staged: _Staged) -> None:
-        """Translate and store ``key`` if the view translates its name (else keep it staged)."""
+        """Translate and store ``key`` if the view translates its name (else keep it staged).
+        A document is stored under its folder's removal hold (:mod:`n5fs.views.removal`)."""
         data = bytes(staged.data)
+        with self.removals.writing(key):
+            done = self._translated(key, data)
+            if done:
+                self.removals.unhide(key)
+        if done:
+            with self._lock:
+                staged.dirty = False
+                if self._files.get(key) is staged and staged.refs <= 0:
+                    del self._files[key]
+            self.changed(key)
+
+    def _translated(self, key: str, data: bytes) -> bool:
+        """:meth:`_translate`, a refusal recorded (the staged file dropped)."""
         try:
-            done = self._translate(key, data)
+            return self._translate(key, data)
         except (_Recorded, Rejected) as exc:
             with self._lock:
                 self._files.pop(key, None)
@@ -285,13 +299,6 @@ class ViewWrites:
             )
             self.gateway.committer.refused(key, why)
             raise why from None
-        if done:
-            with self._lock:
-                staged.dirty = False
-                if self._files.get(key) is staged and staged.refs <= 0:
-                    del self._files[key]
-            self.removals.unhide(key)
-            self.changed(key)
 
     def _translate(self, key: str, data: bytes) -> bool:
         name = basename(key)
