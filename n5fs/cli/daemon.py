@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import select
 import signal
 import sys
@@ -39,6 +40,8 @@ PID_TAG = b"\x00n5fs-pid "
 #: fuse_front/options.py ``loop_options``); dropped here too, for a user's own ``-o`` values
 _NOISE = ("Ignoring invalid max threads",)
 _LOG_FORMAT = "%(asctime)s n5fs[%(process)d] %(levelname)s %(name)s: %(message)s"
+#: a line in that format (the daemon's handler has it from the fork on)
+_DAEMON_LOG_LINE = re.compile(r"^\S+ \S+ n5fs\[\d+\] (?P<level>[A-Z]+) [\w.]+: (?P<message>.*)$")
 
 
 def daemonize(
@@ -143,9 +146,19 @@ def await_daemon(read_fd: int, *, what: str, timeout: float) -> int | None:
     finally:
         os.close(read_fd)
     for line in daemon_lines(buf):
-        if line.startswith("n5fs"):
-            print(line, file=sys.stderr)  # the daemon's warnings from before it was ready
+        shown = terminal_line(line)
+        if shown is not None:
+            print(shown, file=sys.stderr)  # the daemon's warnings from before it was ready
     return daemon_pid(buf)
+
+
+def terminal_line(line: str) -> str | None:
+    """A line the daemon logged before it was ready, as the terminal shows n5fs's own
+    (``n5fs: WARNING: ...``); None for what is not n5fs's (libfuse speaks for itself)."""
+    match = _DAEMON_LOG_LINE.match(line)
+    if match is not None:
+        return f"n5fs: {match['level']}: {match['message']}"
+    return line if line.startswith("n5fs") else None
 
 
 def daemon_lines(buf: bytes) -> list[str]:

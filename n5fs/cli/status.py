@@ -153,7 +153,8 @@ def render_table(rows: list[dict[str, Any]]) -> list[str]:
         lines.append(line(values))
         if row.get("counters"):
             lines.append("    " + counters_line(row["counters"]))
-            lines.append("    " + consistency_line(row["counters"]))
+            if "consistency" in row["counters"]:  # a view's counters do not say
+                lines.append("    " + consistency_line(row["counters"]))
     return lines
 
 

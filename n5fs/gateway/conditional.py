@@ -60,27 +60,30 @@ class Conditional:
         self.store = store
         #: None when conditional writes are in force, else why not
         self.reason = reason
-        self.counters = Counters("conflicts", "conditional_writes")
+        self.counters = Counters("conflicts", "conditional_commits")
 
     @classmethod
     def probe(cls, store: KvStore, *, wanted: bool) -> Conditional:
-        """Ask the store once (S3: two create-only PUTs of a scratch key) and log the answer."""
+        """Ask the store once (S3: two create-only PUTs of a scratch key) and log the answer:
+        a warning where other mounts may share the store and it said no."""
         if not wanted:
             return cls(store, reason="turned off (-o conditional=off)")
         reason = store.probe_conditional_writes()
+        where = store.spec.to_url()
         if reason is None:
-            log.info(
-                "conditional writes in force on %s: metadata commits are compare-and-swap",
-                store.spec.to_url(),
-            )
+            log.info("conditional writes in force on %s: metadata commits compare-and-swap", where)
+        elif store.shared_versions:
+            log.warning("%s", cls(store, reason=reason).announcement())
         else:
-            log.warning(
-                "no conditional writes on %s (%s): metadata commits are last-writer-wins; "
-                "run one writing mount per hierarchy",
-                store.spec.to_url(),
-                reason,
-            )
+            log.info("no conditional writes on %s (%s): single writer", where, reason)
         return cls(store, reason=reason)
+
+    def announcement(self) -> str:
+        """What a mount whose shared store refused conditional writes says (log, terminal)."""
+        return (
+            f"no conditional writes on {self.store.spec.to_url()} ({self.reason}): metadata "
+            "commits are last-writer-wins; run one writing mount per hierarchy"
+        )
 
     @property
     def in_force(self) -> bool:
@@ -119,7 +122,7 @@ class Conditional:
             new = self.store.set_if(key, data, version=version)
         except VersionConflict:
             raise self._stale(key, ABSENT if version is None else version, "newer") from None
-        self.counters.add("conditional_writes")
+        self.counters.add("conditional_commits")
         return new
 
     def _stale(self, key: str, base: str, now: str | None) -> StaleVersion:

@@ -131,6 +131,10 @@ class KvStore(abc.ABC):
     #: then answers every folder of an array's chunk tree from one walk. A directory on disk
     #: lists a folder with one ``scandir``, cheaper than walking the tree.
     flat_listing_preferred: ClassVar[bool] = False
+    #: other writers may share this store and it can make writes conditional (S3, and the
+    #: memory store that stands for it in tests): a mount asks :meth:`probe_conditional_writes`
+    #: and warns when the answer is no. A local directory or a zip answers no quietly.
+    shared_versions: ClassVar[bool] = False
 
     @property
     @abc.abstractmethod

@@ -41,6 +41,7 @@ class MemoryStore(KvStore):
     spec_type = MemorySpec
     #: every ``list`` scans every key: one walk of an array beats one scan per folder
     flat_listing_preferred = True
+    shared_versions = True
 
     def __init__(self, path: str = "") -> None:
         self._spec = MemorySpec(path=path)

@@ -144,6 +144,7 @@ class S3Store(KvStore):
     #: one request per folder is the cost of a chunk tree listed folder by folder; a walk
     #: answers 1,000 keys of any folders per request
     flat_listing_preferred: ClassVar[bool] = True
+    shared_versions: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -55,6 +55,10 @@ class ForwardingStore(KvStore):
     def flat_listing_preferred(self) -> bool:  # type: ignore[override]
         return self.inner.flat_listing_preferred
 
+    @property
+    def shared_versions(self) -> bool:  # type: ignore[override]
+        return self.inner.shared_versions
+
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         return self.inner.get(key, byte_range)
 
