@@ -866,6 +866,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     p.add_argument("--skip-s3", action="store_true")
+    p.add_argument("--skip-file", action="store_true", help="measure S3 only")
     p.add_argument("--only", choices=GROUPS, default=None, help="one workload group")
     p.add_argument("--gib", type=float, default=1.0, help="size of each N5 dataset (decoded)")
     p.add_argument("--zarr-chunks", type=int, default=50_000)
@@ -901,8 +902,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = make_data(tmp / "data", args.gib, args.zarr_chunks, args.sparse_side)
         peer = fsspec_variant(args.peer_python, "file", str(data.root))
-        run_store(bench, "file", data, file_workloads(data), str(data.root), peer)
-        if args.only in (None, "write"):
+        if not args.skip_file:
+            run_store(bench, "file", data, file_workloads(data), str(data.root), peer)
+        if args.only in (None, "write") and not args.skip_file:
             bench.writes(data, tmp)
         if not args.skip_s3 and args.only != "write":
             run_s3(bench, data, tmp)

@@ -1,9 +1,12 @@
 """Object bytes kept in memory, and the gateway's counters.
 
 ``ByteLRU`` holds whole small objects up to one byte budget. An entry carries the *version* of
-the object it came from (size and mtime as the folder's listing reports them): a reader asks
-for the version it believes current, and bytes of another version are dropped, so a change
-made behind the mount's back is seen as soon as the listing is (the TTL), never later.
+the object it came from (size, mtime and, where the store keeps one, the ETag, as the folder's
+listing reports them: :func:`version_of`): a reader asks for the version it believes current,
+and bytes of another version are dropped, so a change made behind the mount's back is seen as
+soon as the listing is (the TTL), never later. The ETag matters: S3's LastModified has one
+second's resolution, so another mount replacing an object by one of the same size within the
+second changes nothing else (:func:`fits` says when cached bytes answer a request).
 
 A read that began before a commit must not put its (old) bytes in the cache after the commit
 dropped them: a reader takes a *ticket* before it reads the store and stores through it;
@@ -26,8 +29,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from n5fs.caching import Clock, LoadingCache
+
+if TYPE_CHECKING:
+    from n5fs.kvstore.base import KeyInfo
 
 __all__ = [
     "ByteLRU",
@@ -38,15 +45,45 @@ __all__ = [
     "Stamp",
     "Ticket",
     "Version",
+    "fits",
+    "stamp_of",
+    "version_of",
 ]
 
-#: (size, mtime) of a stored object as its listing reports it; None when unknown
-Version = tuple[int, float] | None
+#: (size, mtime[, etag]) of a stored object as its listing reports it; None when unknown
+Version = tuple[int, float] | tuple[int, float, str | None] | None
 #: what identifies the bytes an open reads: (inode, size, mtime_ns) of a local file, else the
-#: listing's (size, mtime)
-Stamp = tuple[float, ...]
+#: listing's (size, mtime[, etag])
+Stamp = tuple[float | str | None, ...]
 #: keys whose stamp at open is remembered (about 200 bytes each); the oldest are forgotten
 OPENED_KEYS = 1 << 16
+
+
+def version_of(info: KeyInfo | None) -> Version:
+    """The version of the object a listing entry describes (None: no entry)."""
+    return None if info is None else (info.size, info.mtime, info.etag)
+
+
+def stamp_of(info: KeyInfo) -> Stamp:
+    """What stands for an object's bytes at open where there is no local file to ``fstat``:
+    size, mtime and ETag (two versions of one size in one second differ by their ETag)."""
+    return (info.size, info.mtime, info.etag)
+
+
+def _etag(version: tuple[int, float] | tuple[int, float, str | None]) -> str | None:
+    return version[2] if len(version) > 2 else None
+
+
+def fits(have: Version, want: Version) -> bool:
+    """Do bytes of version ``have`` answer a request for ``want``? None on either side: yes
+    (unknown). Size and mtime must match; an ETag only where the request names one, and then
+    the bytes must carry the same (bytes of unknown ETag cannot prove they are that version)."""
+    if have is None or want is None:
+        return True
+    if have[0] != want[0] or have[1] != want[1]:
+        return False
+    etag = _etag(want)
+    return etag is None or _etag(have) == etag
 
 
 class OpenedStamps:
@@ -121,7 +158,7 @@ class ByteLRU:
         """The cached bytes of ``key`` if they are of ``version`` (None: of any version)."""
         with self._lock:
             entry = self._data.get(key)
-            if entry is not None and version is not None and entry[0] not in (None, version):
+            if entry is not None and not fits(entry[0], version):
                 self._drop(key)
                 entry = None
             if entry is None:
@@ -130,6 +167,12 @@ class ByteLRU:
             self._data.move_to_end(key)
             self.hits += 1
             return entry[1]
+
+    def holds(self, key: str, version: Version = None) -> bool:
+        """Are bytes of ``key`` that fit ``version`` cached? (A peek: no LRU move, no count.)"""
+        with self._lock:
+            entry = self._data.get(key)
+            return entry is not None and fits(entry[0], version)
 
     def ticket(self, key: str) -> Ticket:
         """Take before reading ``key`` from the store; store the result with :meth:`fill`."""

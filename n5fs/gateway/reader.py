@@ -1,6 +1,12 @@
 """Object bytes for reads: small objects whole, through a byte-bounded LRU (chunks are read
 whole by every reader anyway); large objects by range, with a per-handle read-ahead window
-that doubles on sequential access (the kernel asks in 128 KiB pieces; S3 wants MiBs).
+that doubles on sequential access (the kernel asks in 128 KiB pieces; S3 wants MiBs) and is
+fetched as several ranges at once on a bounded pool (one GET stream is latency-bound on S3).
+
+A whole object is fetched once however many ask for it, and a reader walking a folder's
+objects in listing order gets the next ones fetched ahead into the same LRU, on the same pool
+(:mod:`n5fs.gateway.prefetch`; the gateway tells :meth:`ObjectReader.follow` where folder
+listings come from). Prefetched bytes count against ``cache_bytes`` like any other.
 
 Where the store keeps a key in a local file (:meth:`~n5fs.kvstore.base.KvStore.local_path`:
 the file store), a read-only handle opens that file once and every read is one ``pread`` on
@@ -30,12 +36,23 @@ from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
 from n5fs.gateway.cache import ByteLRU, Counters, Stamp, Version
+from n5fs.gateway.prefetch import Flights, Prefetcher
 from n5fs.kvstore.base import ByteRange
 
 if TYPE_CHECKING:
-    from n5fs.kvstore.base import KvStore
+    from collections.abc import Callable, Mapping
+    from concurrent.futures import Future
+
+    from n5fs.kvstore.base import KeyInfo, KvStore
 
 _FIRST_READAHEAD = 1 << 20
+#: a read-ahead window is fetched as ranges of at least this many bytes, at most _PARTS of them
+_MIN_PART = 1 << 20
+_PARTS = 4
+#: fetches on the read pool at once (whole objects ahead, ranges of large objects)
+READ_WORKERS = 4
+#: objects of a folder fetched ahead of a reader that follows its listing order
+AHEAD_OBJECTS = 4
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -58,6 +75,7 @@ class LocalFile:
 
     fd: int
     stamp: Stamp
+    size: int
 
     def close(self) -> None:
         os.close(self.fd)
@@ -83,13 +101,37 @@ class ReadWindow:
 
 class ObjectReader:
     def __init__(
-        self, store: KvStore, *, cache_bytes: int, small_object: int, readahead: int
+        self,
+        store: KvStore,
+        *,
+        cache_bytes: int,
+        small_object: int,
+        readahead: int,
+        workers: int = READ_WORKERS,
+        ahead_objects: int = AHEAD_OBJECTS,
     ) -> None:
         self.store = store
         self.cache = ByteLRU(cache_bytes)
         self.small_object = small_object
         self.max_readahead = readahead
         self.counters = Counters("store_reads", "bytes_out")
+        self.flights = Flights(self.cache, self._fetch)
+        self.prefetcher = Prefetcher(
+            self.flights,
+            objects=ahead_objects,
+            max_bytes=min(cache_bytes // 4, ahead_objects * min(small_object, 8 << 20)),
+            small_object=small_object,
+            workers=workers,
+        )
+
+    def follow(self, listing: Callable[[str], Mapping[str, KeyInfo] | None]) -> None:
+        """Read ahead across objects: ``listing(folder)`` (``"a/b/"``, ``""`` for the root) is
+        the folder's files by name as the namespace knows them (cached: it is asked on reads)."""
+        self.prefetcher.listing = listing
+
+    def close(self) -> None:
+        """Stop reading ahead; waits for the fetches in flight."""
+        self.prefetcher.close()
 
     @property
     def store_reads(self) -> int:
@@ -127,7 +169,7 @@ class ObjectReader:
             os.close(fd)
             return None
         self.counters.add("store_reads")
-        return LocalFile(fd, (st.st_ino, st.st_size, st.st_mtime_ns))
+        return LocalFile(fd, (st.st_ino, st.st_size, st.st_mtime_ns), st.st_size)
 
     def read_local(self, local: LocalFile, size: int, offset: int) -> bytes:
         data = os.pread(local.fd, size, offset)
@@ -137,7 +179,7 @@ class ObjectReader:
     def count_local(self, local: LocalFile, size: int, offset: int) -> None:
         """A read of ``local`` that someone else performs (libfuse): count what it returns,
         the bytes of the file at open from ``offset`` on, at most ``size``."""
-        self.counters.add("bytes_out", max(0, min(size, int(local.stamp[1]) - offset)))
+        self.counters.add("bytes_out", max(0, min(size, local.size - offset)))
 
     def page_cache(self, key: str, stamp: Stamp, *, mixed: bool = False) -> PageCache:
         """What the kernel does with its pages of ``key`` at an open that reads ``stamp``;
@@ -154,13 +196,11 @@ class ObjectReader:
     # -- store reads ---------------------------------------------------------------------------
 
     def whole(self, key: str, version: Version = None) -> bytes | None:
-        """The whole object (cached when it fits), None when absent."""
+        """The whole object (cached when it fits), None when absent; one GET however many
+        ask at once (a read of an object being fetched ahead waits for that fetch)."""
         data = self.cache.get(key, version)
         if data is None:
-            ticket = self.cache.ticket(key)
-            data = self._fetch(key)
-            if data is not None:
-                self.cache.fill(ticket, version, data)
+            data = self.flights.load(key, version)
         return data
 
     def read(
@@ -175,6 +215,8 @@ class ObjectReader:
         """``size`` bytes at ``offset`` of an object of ``total`` bytes (None: unknown), and
         the handle's next window."""
         if total is None or total <= self.small_object:
+            if offset == 0:  # a reader starts this object: it may be walking the folder
+                self.prefetcher.read_whole(key)
             data = self.whole(key, version)
             if data is None:
                 raise KeyNotFound(f"/{key} vanished from the store")
@@ -189,11 +231,38 @@ class ObjectReader:
             if sequential
             else 0
         )
-        data = self._fetch(key, ByteRange(offset, max(size, readahead)))
+        data = self._ranges(key, offset, max(size, readahead), total)
         if data is None:
             raise KeyNotFound(f"/{key} vanished from the store")
         chunk = data[:size]
         return chunk, ReadWindow(offset, data, offset + len(chunk), readahead, version)
+
+    def _ranges(self, key: str, offset: int, length: int, total: int) -> bytes | None:
+        """``length`` bytes at ``offset`` of an object of ``total``: one GET, or (a window of
+        several MiB) several ranges at once on the read pool, the first on this thread."""
+        inside = min(length, total - offset)
+        parts = max(1, min(_PARTS, inside // _MIN_PART))
+        pool = self.prefetcher.pool() if parts > 1 else None
+        if pool is None:
+            return self._fetch(key, ByteRange(offset, inside if inside > 0 else length))
+        step = -(-inside // parts)
+        ranges = [
+            ByteRange(at, min(step, offset + inside - at))
+            for at in range(offset, offset + inside, step)
+        ]
+        rest: list[Future[bytes | None]] = [pool.submit(self._fetch, key, r) for r in ranges[1:]]
+        try:
+            first = self._fetch(key, ranges[0])
+        finally:
+            pieces = [future.result() for future in rest]
+        out = bytearray()
+        for asked, piece in zip(ranges, [first, *pieces], strict=True):
+            if piece is None:
+                return None
+            out += piece
+            if len(piece) < (asked.length or 0):  # the object shrank meanwhile
+                break
+        return bytes(out)
 
 
 def _moved(window: ReadWindow, last_end: int) -> ReadWindow:

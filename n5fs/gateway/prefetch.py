@@ -1,0 +1,301 @@
+"""Whole objects fetched once however many ask (single flight), and read-ahead across the
+objects of a folder on a small bounded pool.
+
+Why: on S3 every object is a request whose latency dwarfs its transfer for a 4 MiB chunk, and
+the kernel asks for one file at a time. A reader that walks a folder's chunk files in listing
+order (``cat *``, ``cp -r``, ``tar``, TensorStore reading a region chunk by chunk) gets the next
+few objects of the folder fetched while it reads the current one; they land in the reader's
+byte cache (:class:`~n5fs.gateway.cache.ByteLRU`), the one memory budget for object bytes, and
+are evicted like any other entry.
+
+- :class:`Flights`: one fetch per key in flight. A read of an object being fetched (by the
+  read-ahead or another reader) waits for that fetch instead of sending a second GET. A flight
+  stores its bytes through a cache ticket, so a commit that overtook it keeps them out of the
+  cache; a reader arriving after that commit (the ticket is stale) never joins it.
+- :class:`Prefetcher`: per folder, where the last whole read stood in the listing. A read of
+  the folder's first object, or of one within the window ahead of the last read, is a reader
+  following the order: the next ``objects`` of the folder are fetched (those not cached or in
+  flight, small enough for the cache). Any other read resets the folder's window, which stops
+  the read-ahead there. At most ``objects`` fetches and ``max_bytes`` bytes are in flight at
+  once for the whole mount; beyond that nothing is queued (read-ahead is an offer, not a debt).
+
+Where the folder's listing comes from is the gateway's business (:attr:`Prefetcher.listing`:
+the namespace's cached listings); without one there is no read-ahead.
+
+Lock discipline: ``Flights._lock`` guards the flight table and is held for table work only; it
+may take the byte cache's lock inside it (a leaf, :mod:`n5fs.gateway.cache`), never the
+reverse. ``Prefetcher._lock`` guards the folder windows, the sorted-name memo and the
+in-flight budget; it is a leaf, never held around a store call or a listing lookup. Store I/O
+runs with no lock held, on the caller's thread or the pool's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from n5fs.gateway.cache import fits, version_of
+from n5fs.kvstore.keys import basename, parent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from n5fs.gateway.cache import ByteLRU, Ticket, Version
+    from n5fs.kvstore.base import KeyInfo
+
+log = logging.getLogger(__name__)
+
+#: folders whose read-ahead window is remembered
+_FOLDERS = 256
+
+
+@dataclass(eq=False)
+class Flight:
+    """One fetch of a whole object in progress."""
+
+    version: Version
+    ticket: Ticket
+    done: threading.Event = field(default_factory=threading.Event)
+    data: bytes | None = None
+    failed: bool = False
+
+
+class Flights:
+    """Whole-object fetches, one per key at a time, stored through the byte cache."""
+
+    def __init__(self, cache: ByteLRU, fetch: Callable[[str], bytes | None]) -> None:
+        self.cache = cache
+        self._fetch = fetch
+        self._table: dict[str, Flight] = {}
+        self._lock = threading.Lock()
+        self._joins = threading.Condition(self._lock)
+        self.joined = 0  # reads that waited for a fetch already in flight
+
+    def busy(self, key: str) -> bool:
+        with self._lock:
+            return key in self._table
+
+    def load(self, key: str, version: Version) -> bytes | None:
+        """The object's bytes: from a live fetch of the same version, else from a new one."""
+        with self._lock:
+            flight = self._table.get(key)
+            joined = (
+                flight is not None and not flight.ticket.stale and fits(flight.version, version)
+            )
+            if joined:
+                self.joined += 1
+                self._joins.notify_all()
+            else:
+                flight = self._start_locked(key, version)
+        assert flight is not None
+        if not joined:
+            return self._run(key, flight)
+        flight.done.wait()
+        if flight.failed:  # the read-ahead's fetch failed: ask again, and see the error
+            return self._run(key, self._start(key, version))
+        return flight.data
+
+    def wait_joined(self, count: int, timeout: float | None = None) -> bool:
+        """Wait until ``count`` reads have joined a flight (tests); False on timeout."""
+        with self._joins:
+            return self._joins.wait_for(lambda: self.joined >= count, timeout)
+
+    def start(self, key: str, version: Version) -> Flight | None:
+        """A new flight of ``key`` for the read-ahead; None when one is already in the air."""
+        with self._lock:
+            if key in self._table:
+                return None
+            return self._start_locked(key, version)
+
+    def _start(self, key: str, version: Version) -> Flight:
+        with self._lock:
+            return self._start_locked(key, version)
+
+    def _start_locked(self, key: str, version: Version) -> Flight:
+        flight = Flight(version, self.cache.ticket(key))
+        self._table[key] = flight
+        return flight
+
+    def run(self, key: str, flight: Flight) -> None:
+        """Fetch for a flight :meth:`start` made (on the pool). A failure is the reader's to
+        see: the flight is marked failed, and a reader waiting for it fetches again."""
+        try:
+            self._run(key, flight)
+        except Exception as exc:  # noqa: BLE001 - read-ahead is an offer; the reader retries
+            log.debug("read-ahead of %s failed: %s", key, exc)
+
+    def _run(self, key: str, flight: Flight) -> bytes | None:
+        try:
+            data = self._fetch(key)
+        except BaseException:
+            flight.failed = True
+            self._land(key, flight)
+            raise
+        if data is not None:
+            self.cache.fill(flight.ticket, flight.version, data)
+        flight.data = data
+        self._land(key, flight)
+        return data
+
+    def _land(self, key: str, flight: Flight) -> None:
+        with self._lock:
+            if self._table.get(key) is flight:
+                del self._table[key]
+        flight.done.set()
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    """Where a folder's last followed read stood: its index, and the last index fetched ahead."""
+
+    last: int
+    ahead: int
+
+
+class Prefetcher:
+    """Read-ahead of whole objects of one folder, in listing order, on a bounded pool."""
+
+    def __init__(
+        self,
+        flights: Flights,
+        *,
+        objects: int,
+        max_bytes: int,
+        small_object: int,
+        workers: int,
+    ) -> None:
+        self.flights = flights
+        self.objects = objects
+        self.max_bytes = max_bytes
+        self.small_object = small_object
+        self.workers = workers
+        #: the folder's files (the namespace's cached listing); set by the gateway
+        self.listing: Callable[[str], Mapping[str, KeyInfo] | None] | None = None
+        self._windows: dict[str, _Window] = {}
+        self._names: dict[str, tuple[Mapping[str, KeyInfo], list[str]]] = {}
+        self._in_flight = 0
+        self._in_flight_bytes = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._landed = threading.Condition(self._lock)
+        self.started = 0  # objects fetched ahead
+
+    def read_whole(self, key: str) -> None:
+        """A reader starts reading ``key`` whole: fetch the next objects if it follows the
+        folder's order."""
+        listing = self.listing
+        if listing is None or self.objects <= 0:
+            return
+        folder = parent(key)
+        files = listing(folder + "/" if folder else "")
+        if not files:
+            return
+        names = self._sorted(folder, files)
+        name = basename(key)
+        at = bisect.bisect_left(names, name)
+        if at == len(names) or names[at] != name:
+            return
+        todo = self._plan(folder, at, len(names))
+        for index in todo:
+            info = files.get(names[index])
+            if info is not None:
+                self._offer(info)
+
+    def _sorted(self, folder: str, files: Mapping[str, KeyInfo]) -> list[str]:
+        with self._lock:
+            memo = self._names.get(folder)
+        if memo is not None and memo[0] is files:
+            return memo[1]
+        names = sorted(files)
+        with self._lock:
+            self._names[folder] = (files, names)
+            while len(self._names) > _FOLDERS:
+                del self._names[next(iter(self._names))]
+        return names
+
+    def _plan(self, folder: str, at: int, count: int) -> range:
+        """The indexes to fetch ahead of a read at ``at``; records the folder's window."""
+        with self._lock:
+            window = self._windows.pop(folder, None)
+            following = (at == 0 and window is None) or (
+                window is not None and window.last < at <= max(window.last + 1, window.ahead)
+            )
+            if not following:
+                self._windows[folder] = _Window(at, at)
+                todo = range(0)
+            else:  # what is cached or in flight already is skipped by _offer
+                end = min(count, at + 1 + self.objects)
+                todo = range(at + 1, end)
+                self._windows[folder] = _Window(at, max(end - 1, at))
+            while len(self._windows) > _FOLDERS:
+                del self._windows[next(iter(self._windows))]
+        return todo
+
+    def _offer(self, info: KeyInfo) -> None:
+        version = version_of(info)
+        if info.size > self.small_object or not self.flights.cache.admits(info.size):
+            return
+        if self.flights.cache.holds(info.key, version) or self.flights.busy(info.key):
+            return
+        with self._lock:
+            if self._closed or self._in_flight >= self.objects:
+                return
+            if self._in_flight_bytes + info.size > self.max_bytes:
+                return
+            self._in_flight += 1
+            self._in_flight_bytes += info.size
+            executor = self._pool_locked()
+        flight = self.flights.start(info.key, version)
+        if flight is None:
+            self._done(info.size)
+            return
+        self.started += 1
+        try:
+            executor.submit(self._run, info.key, info.size, flight)
+        except RuntimeError:  # shut down meanwhile: the flight must still land
+            self._run(info.key, info.size, flight)
+
+    def _run(self, key: str, size: int, flight: Flight) -> None:
+        try:
+            self.flights.run(key, flight)
+        finally:
+            self._done(size)
+
+    def _done(self, size: int) -> None:
+        with self._lock:
+            self._in_flight -= 1
+            self._in_flight_bytes -= size
+            if not self._in_flight:
+                self._landed.notify_all()
+
+    def idle(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is being fetched ahead; False if ``timeout`` passed first."""
+        with self._landed:
+            return self._landed.wait_for(lambda: not self._in_flight, timeout)
+
+    def in_flight(self) -> tuple[int, int]:
+        """Objects and bytes being fetched ahead now."""
+        with self._lock:
+            return self._in_flight, self._in_flight_bytes
+
+    def _pool_locked(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="n5fs-read")
+        return self._executor
+
+    def pool(self) -> ThreadPoolExecutor | None:
+        """The bounded pool (for ranged reads too); None once closed."""
+        with self._lock:
+            return None if self._closed else self._pool_locked()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True)  # queued fetches run: their flights must land
