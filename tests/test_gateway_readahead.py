@@ -251,10 +251,6 @@ def _read(gw: Gateway, path: str) -> tuple[bytes, PageCache]:
         gw.release(fh)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the gateway to pass version_of(info)/stamp_of(info) (report of issue 12)",
-)
 def test_same_size_same_second_replacement_by_another_mount_is_seen() -> None:
     """S3's LastModified has 1 s resolution: only the ETag tells the two versions apart."""
     shared = MemoryStore()

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from n5fs.errors import NotSupported, Rejected, StaleVersion
 from n5fs.formats.registry import METADATA_NAMES
-from n5fs.gateway.cache import Counters
+from n5fs.gateway.cache import Counters, version_of
 from n5fs.gateway.commit import CommitRules, Mode, Rejection
 from n5fs.gateway.consolidated import ConsolidatedKeeper
 from n5fs.gateway.ordering import ArrayOrder
@@ -305,7 +305,7 @@ class Committer:
     ) -> None:
         info = self.view.note_set(key, size, mtime, version)
         if data is not None:
-            self.reader.cache.put(key, (info.size, info.mtime), data)
+            self.reader.cache.put(key, version_of(info), data)
         else:
             self.reader.cache.invalidate(key)
         self.detector.invalidate(key)

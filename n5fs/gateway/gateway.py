@@ -41,6 +41,7 @@ from n5fs.errors import (
     ReadOnly,
     Rejected,
 )
+from n5fs.gateway.cache import stamp_of, version_of
 from n5fs.gateway.commit import Mode, Rejection
 from n5fs.gateway.committer import Committer
 from n5fs.gateway.conditional import Conditional
@@ -155,6 +156,7 @@ class Gateway:
             small_object=cfg.small_object,
             readahead=cfg.readahead,
         )
+        self.reader.follow(self.view.cached_files)
         self.committer = Committer(
             store,
             self.detector,
@@ -247,7 +249,8 @@ class Gateway:
         if attr.kind is EntryKind.DIR:
             raise IsAPrefix(f"is a directory: {path}")
         if not writing:
-            listed = (attr.size, attr.mtime)
+            info = self.view.info(key)
+            listed = stamp_of(info) if info is not None else (attr.size, attr.mtime)
             return self.files.add_handle(self.files.reading(key, flags, self.reader, listed))
         base = self.committer.base_of(key)
         node = self.files.acquire_locked(key)
@@ -334,7 +337,7 @@ class Gateway:
                 return node.staged.read(size, offset)
             key = node.key
         info = self.view.info(key)
-        total, version = (info.size, (info.size, info.mtime)) if info else (None, None)
+        total, version = (info.size, version_of(info)) if info else (None, None)
         chunk, handle.window = self.reader.read(handle.window, key, size, offset, total, version)
         return chunk
 
@@ -538,6 +541,7 @@ class Gateway:
                     with contextlib.suppress(Rejected):  # recorded; nothing more at shutdown
                         self.committer.commit_node(node)
         self.committer.close()
+        self.reader.close()
         self.store.close()
 
     def __enter__(self) -> Self:

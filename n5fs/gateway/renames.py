@@ -27,6 +27,7 @@ from n5fs.errors import (
     PrefixNotEmpty,
     Rejected,
 )
+from n5fs.gateway.cache import version_of
 from n5fs.gateway.commit import Mode
 from n5fs.gateway.committer import is_metadata
 from n5fs.gateway.links import add_link, remove_link
@@ -65,7 +66,7 @@ class Renamer:
         if node.pending and node.staged is not None:
             return node.staged.getvalue()
         info = self.view.info(node.key)
-        data = self.reader.whole(node.key, (info.size, info.mtime) if info else None)
+        data = self.reader.whole(node.key, version_of(info))
         if data is None:
             raise KeyNotFound(f"/{node.key}")
         return data

@@ -41,6 +41,7 @@ from n5fs.gateway.namespace import (
     Attr,
     DirEntries,
     EntryKind,
+    FileMap,
     is_control,
 )
 from n5fs.gateway.walks import ArrayWalks
@@ -135,6 +136,11 @@ class NamespaceView:
                 return True
             child = parent(child)
         return False
+
+    def cached_files(self, prefix: str) -> FileMap | None:
+        """The files of folder ``prefix`` as a cached listing holds them; never a LIST."""
+        entries = self.listings.get(prefix)
+        return None if entries is None else entries.files
 
     def info(self, key: str) -> KeyInfo | None:
         """The stored object's size and mtime, as the folder's listing says."""
