@@ -346,20 +346,27 @@ class S3Store(KvStore):
     # -- commands ---------------------------------------------------------------------------
 
     def set(self, key: str, value: bytes) -> None:
-        full = self._full(key)
         self._check_writable(key)
         with self._errors(key):
-            if len(value) < self._threshold:
-                self._call("put_object", Key=full, Body=bytes(value))
-            else:
-                s3_uploads.upload_in_parts(
-                    self._call,
-                    self._executor(),
-                    full,
-                    memoryview(value).cast("B"),
-                    self._part_size,
-                    self._checksum(),
-                )
+            self._put(self._full(key), value, {})
+
+    def _put(self, full: str, value: bytes, condition: dict[str, str]) -> dict[str, Any]:
+        """One PUT, or a multipart upload above the threshold (``condition`` on its
+        CompleteMultipartUpload); the answer of the request that made the object."""
+        if len(value) < self._threshold:
+            answer: dict[str, Any] = self._call(
+                "put_object", Key=full, Body=bytes(value), **condition
+            )
+            return answer
+        return s3_uploads.upload_in_parts(
+            self._call,
+            self._executor(),
+            full,
+            memoryview(value).cast("B"),
+            self._part_size,
+            self._checksum(),
+            **condition,
+        )
 
     def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
         """A PUT with ``If-Match: version`` (``If-None-Match: *`` for None); above the
@@ -369,18 +376,7 @@ class S3Store(KvStore):
         self._check_writable(key)
         condition = s3_conditional.conditions(version)
         try:
-            if len(value) < self._threshold:
-                answer = self._call("put_object", Key=full, Body=bytes(value), **condition)
-            else:
-                answer = s3_uploads.upload_in_parts(
-                    self._call,
-                    self._executor(),
-                    full,
-                    memoryview(value).cast("B"),
-                    self._part_size,
-                    self._checksum(),
-                    **condition,
-                )
+            answer = self._put(full, value, condition)
         except (bce.BotoCoreError, bce.ClientError) as exc:
             code = error_code(exc) if isinstance(exc, bce.ClientError) else ""
             refused = s3_conditional.conflict(code, key, version, self.where)
