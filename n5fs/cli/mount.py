@@ -93,6 +93,7 @@ def serve_plan(
         durable=plan.options.durable,
         consistency=plan.consistency,
         conditional=plan.options.conditional,
+        mtime=plan.options.mtime,
     )
     gateway = Gateway(source.store, config)
     front = gateway if view == NATIVE else open_view(gateway, view)
@@ -363,7 +364,9 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         "durable=fsync|commit (when a commit to a local store is on disk: at fsync/unmount, "
         "or before close returns), consistency=ttl|strict (see --consistency), "
         "conditional=auto|off (metadata commits as compare-and-swap where the store honours "
-        "conditional writes, probed at mount; off: last writer wins), "
+        "conditional writes, probed at mount; off: last writer wins), mtime=kept|listing (on "
+        "S3: the time cp -a/rsync -a kept, one HEAD per stat, or LastModified from the "
+        "listing; default kept read-write, listing read-only), "
         "cache_size=SIZE, "
         "cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE, s3_connect_timeout=SECONDS, "
         "s3_read_timeout=SECONDS, s3_retries=N; others go to libfuse",

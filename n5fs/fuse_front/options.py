@@ -30,6 +30,12 @@ asks the store on every lookup (kernel timeouts 0 too). ``conditional=auto`` mak
 commits compare-and-swap where the store honours conditional writes (probed at mount);
 ``off`` keeps last-writer-wins.
 
+``mtime=kept|listing`` (n5fs's own): where a file's mtime comes from on S3, whose listings
+carry only ``LastModified``: ``kept`` asks for the time ``touch``/``cp -a``/``rsync -a`` kept
+(one HEAD per stat), ``listing`` answers ``LastModified`` without a request. The default is
+``kept`` on a read-write mount (``rsync -a`` into it must see the times it set) and
+``listing`` on a read-only one (stat storms and opens cost no HEAD).
+
 ``as=zarr3|zarr2|npy|n5`` (n5fs's own, ``--as``) mounts a view of the store in that format
 (docs/semantics.md, "Views": writes through a Zarr view of N5 data or an N5 view of Zarr data
 land in the store's own format; npy is read-only); ``as=native`` is the default.
@@ -61,6 +67,7 @@ VALIDATE_MODES = ("strict", "warn", "off")
 DURABLE_MODES = ("fsync", "commit")
 CONSISTENCY_MODES = ("ttl", "strict")
 CONDITIONAL_MODES = ("auto", "off")
+MTIME_SOURCES = ("kept", "listing")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 #: libfuse options that would fight the cache settings n5fs chooses for read-only mounts
@@ -131,6 +138,9 @@ class MountOptions:
     consistency: str | None = None
     #: ``-o conditional=``: metadata commits as compare-and-swap where possible (auto) or not
     conditional: str = CONDITIONAL_MODES[0]
+    #: ``-o mtime=``: kept times asked per stat (kept) or the listing's (listing); None: kept
+    #: on read-write mounts, listing on read-only ones
+    mtime: str | None = None
     #: ``-o as=``: the format the mount shows (``native``: the store's own)
     view: str = "native"
     fuse: dict[str, FuseValue] = field(default_factory=dict)
@@ -170,6 +180,8 @@ def _apply(opts: MountOptions, name: str, value: str | None) -> None:
         opts.durable = parse_durable(value)
     elif name == "consistency" and value is not None:
         opts.consistency = parse_choice(name, value, CONSISTENCY_MODES)
+    elif name == "mtime" and value is not None:
+        opts.mtime = parse_choice(name, value, MTIME_SOURCES)
     elif name == "conditional" and value is not None:
         opts.conditional = parse_choice(name, value, CONDITIONAL_MODES)
     elif name == "as" and value is not None:

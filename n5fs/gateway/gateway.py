@@ -71,6 +71,8 @@ if TYPE_CHECKING:
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
 #: the ``consistency`` settings (see :class:`GatewayConfig`)
 CONSISTENCY = ("ttl", "strict")
+#: the ``mtime`` settings (see :class:`GatewayConfig`)
+MTIME_SOURCES = ("kept", "listing")
 
 
 @dataclass
@@ -106,6 +108,11 @@ class GatewayConfig:
     #: metadata commits as compare-and-swap where the store honours conditional writes
     #: (``auto``: probed at mount; ``off``: last-writer-wins, one writing mount per hierarchy)
     conditional: str = "auto"
+    #: a file's mtime on a store whose listings cannot carry the kept one (S3): ``kept``
+    #: asks the store (one HEAD per stat: what ``rsync -a`` into the mount needs), ``listing``
+    #: answers the listing's time (no request); None: kept on read-write mounts, listing on
+    #: read-only ones (``-o mtime=``)
+    mtime: str | None = None
     #: what other mounts' commits this mount sees when (``-o consistency=``): ``ttl`` trusts
     #: listings and detection for ``ttl`` seconds; ``strict`` asks the store on every lookup
     #: and checks an array's metadata is current before each chunk commit
@@ -124,6 +131,11 @@ class Gateway:
         self.config = cfg = config or GatewayConfig()
         self.mode = Mode(cfg.validate)
         self.read_only = cfg.read_only or not store.writable
+        if cfg.mtime not in (None, *MTIME_SOURCES):
+            raise ValueError(f"mtime must be one of {', '.join(MTIME_SOURCES)}")
+        kept = cfg.mtime == "kept" or (cfg.mtime is None and not self.read_only)
+        #: a stat asks the store for the kept mtime its listing cannot show (S3: a HEAD)
+        self._ask_mtimes = kept and not store.listing_mtimes
         if isinstance(store, FileStore):
             store.durability = Durability(cfg.durable)
         if cfg.consistency not in CONSISTENCY:
@@ -191,7 +203,7 @@ class Gateway:
     def stat(self, path: str) -> Attr:
         key = path_to_key(path)
         attr = self.view.stat(key)
-        if attr.kind is EntryKind.FILE and not self.store.listing_mtimes:
+        if attr.kind is EntryKind.FILE and self._ask_mtimes:
             return self.view.with_kept_mtime(key, attr)
         return attr
 

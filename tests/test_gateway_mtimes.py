@@ -1,0 +1,93 @@
+"""Where a file's mtime comes from on a store whose listings cannot show kept times (S3):
+``kept`` asks the store per stat (what ``rsync -a`` into a mount needs), ``listing`` answers
+the listing's time without a request (what a read-only stat storm needs). The store here is
+a memory store that behaves as S3 does: its listings show the time of the last write, and
+only ``stat`` (a HEAD) shows the time ``set_mtime`` kept."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from n5fs.gateway import Gateway, GatewayConfig
+from n5fs.kvstore.base import KeyInfo, Listing
+from n5fs.kvstore.memory import MemoryStore
+from n5fs.kvstore.wrappers import ForwardingStore
+
+KEPT = 1_000_000_000.0  # 2001-09-09: what `touch -d` or `rsync -a` set
+
+
+class ListsLikeS3(ForwardingStore):
+    """Listings carry the write time, not the kept one; ``stat`` calls are counted."""
+
+    listing_mtimes = False  # type: ignore[assignment]
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.heads = 0
+        self.written: dict[str, float] = {}
+
+    def set(self, key: str, value: bytes) -> None:
+        super().set(key, value)
+        info = self.inner.stat(key)
+        assert info is not None
+        self.written[key] = info.mtime
+
+    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
+        listing = super().list(prefix, delimiter)
+        keys = tuple(
+            KeyInfo(k.key, k.size, self.written.get(k.key, k.mtime), k.etag) for k in listing.keys
+        )
+        return Listing(keys, listing.prefixes)
+
+    def stat(self, key: str) -> KeyInfo | None:
+        self.heads += 1
+        return super().stat(key)
+
+
+@pytest.fixture
+def store() -> ListsLikeS3:
+    store = ListsLikeS3(MemoryStore())
+    store.set("a/f", b"data")
+    store.inner.set_mtime("a/f", KEPT)
+    return store
+
+
+def test_a_read_write_mount_shows_the_kept_time(store: ListsLikeS3) -> None:
+    gw = Gateway(store, GatewayConfig())
+    assert gw.stat("/a/f").mtime == KEPT
+    assert store.heads == 1
+
+
+def test_a_read_only_mount_answers_from_the_listing(store: ListsLikeS3) -> None:
+    gw = Gateway(store, GatewayConfig(read_only=True))
+    for _ in range(3):
+        assert gw.stat("/a/f").mtime == store.written["a/f"] != KEPT
+    fh = gw.open("/a/f", os.O_RDONLY)
+    assert gw.read(fh, 4, 0) == b"data"
+    gw.release(fh)
+    assert store.heads == 0
+
+
+@pytest.mark.parametrize(
+    ("read_only", "mtime", "shown"), [(True, "kept", KEPT), (False, "listing", None)]
+)
+def test_either_source_on_either_mount(
+    store: ListsLikeS3, read_only: bool, mtime: str, shown: float | None
+) -> None:
+    gw = Gateway(store, GatewayConfig(read_only=read_only, mtime=mtime))
+    assert gw.stat("/a/f").mtime == (store.written["a/f"] if shown is None else shown)
+
+
+def test_rsync_into_a_read_write_mount_sees_the_times_it_set(store: ListsLikeS3) -> None:
+    gw = Gateway(store, GatewayConfig())
+    gw.write_file("/a/g", b"copied")
+    gw.utimens("/a/g", KEPT + 1)
+    gw.drop_caches()  # the next run of rsync, after the TTL
+    assert gw.stat("/a/g").mtime == KEPT + 1
+
+
+def test_an_unknown_mtime_source_is_refused() -> None:
+    with pytest.raises(ValueError, match="mtime must be one of kept, listing"):
+        Gateway(MemoryStore(), GatewayConfig(mtime="ctime"))
