@@ -35,6 +35,13 @@ if TYPE_CHECKING:
 Loader = Callable[[], bytes]
 
 
+class Unread:
+    """The stored value of a key nobody has read yet (``None`` means read: absent)."""
+
+
+UNREAD = Unread()
+
+
 class Mode(str, enum.Enum):
     STRICT = "strict"  # refuse invalid content: nothing reaches the store
     WARN = "warn"  # store it, log and record the rejection
@@ -118,14 +125,22 @@ class CommitRules:
     # -- entry point -------------------------------------------------------------------------
 
     def check(
-        self, key: str, load: Loader, *, pre: Precheck | None = None, size: int | None = None
+        self,
+        key: str,
+        load: Loader,
+        *,
+        pre: Precheck | None = None,
+        size: int | None = None,
+        stored: bytes | Unread | None = UNREAD,
     ) -> Verdict:
         """Raise Rejected unless ``load()`` may be stored at ``key``; say what the key is.
 
         ``load`` is called only when the bytes matter (metadata, chunks): other keys, which
         may be large files, are never read. A chunk of ``size`` bytes that a check passed
         while it was written (``pre``, :mod:`n5fs.gateway.prevalidate`) is not decoded again
-        when that check was made for what the key is now.
+        when that check was made for what the key is now. ``stored`` is the key's stored value
+        where the caller has read it already (a compare-and-swap commit validates against
+        the version it will replace); else it comes with the folder's probe batch.
 
         A chunk-shaped key in a folder the detection cache calls plain is judged again with
         those folders probed afresh (one probe batch each): another mount of the store may
@@ -144,7 +159,7 @@ class CommitRules:
             data = load()
             node = self.classifier.check(verdict, data)
             assert node is not None
-            self._check_context(verdict.fmt, key, data, node)
+            self._check_context(verdict.fmt, key, data, node, stored)
         elif verdict.kind is KeyKind.CHUNK:
             if pre is None or size is None or not pre.holds_for(verdict, size):
                 self._check_chunk(verdict, load())
@@ -158,16 +173,22 @@ class CommitRules:
 
     # -- metadata ----------------------------------------------------------------------------
 
-    def _check_context(self, fmt: Format, key: str, data: bytes, node: Node) -> None:
+    def _check_context(
+        self, fmt: Format, key: str, data: bytes, node: Node, stored: bytes | Unread | None
+    ) -> None:
         name, folder = basename(key), dir_prefix(parent(key))
-        self._check_clash(fmt, key, name, folder, data)
+        probes = self.detector.probe(folder)  # the stored value of a node's document too
+        if isinstance(stored, Unread):
+            stored = probes.get(name)
+        self._check_clash(fmt, key, name, folder, data, probes)
         if isinstance(node, (ArrayNode, GroupNode)):  # defines the node (not attributes only)
-            old = self._stored_node(fmt, key, name)
+            old = self._stored_node(fmt, key, name, stored)
             self._check_against_chunks(fmt, key, folder, old, node)
 
-    def _check_clash(self, fmt: Format, key: str, name: str, folder: str, data: bytes) -> None:
-        probes = self.detector.probe(folder)
-        probes[name] = data
+    def _check_clash(
+        self, fmt: Format, key: str, name: str, folder: str, data: bytes, probes: dict[str, bytes]
+    ) -> None:
+        probes = {**probes, name: data}
         found = candidates(probes)
         if len(found) > 1:
             others = ", ".join(f.name for f in found if f.name != fmt.name)
@@ -179,8 +200,7 @@ class CommitRules:
             )
         fmt.check_folder(frozenset(probes), path=key)
 
-    def _stored_node(self, fmt: Format, key: str, name: str) -> Node | None:
-        data = self.store.get(key)
+    def _stored_node(self, fmt: Format, key: str, name: str, data: bytes | None) -> Node | None:
         if data is None:
             return None
         try:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from n5fs.errors import NotSupported, Rejected, StaleVersion
 from n5fs.formats.registry import METADATA_NAMES
 from n5fs.gateway.cache import Counters, version_of
-from n5fs.gateway.commit import CommitRules, Mode, Rejection
+from n5fs.gateway.commit import UNREAD, CommitRules, Mode, Rejection, Unread
 from n5fs.gateway.consolidated import ConsolidatedKeeper
 from n5fs.gateway.ordering import ArrayOrder
 from n5fs.gateway.prevalidate import Precheck, Prechecks
@@ -147,15 +147,19 @@ class Committer:
         load: Callable[[], bytes],
         size: int | None = None,
         pre: Precheck | None = None,
+        stored: bytes | Unread | None = UNREAD,
     ) -> None:
         """Run the commit rules per mode; strict raises Rejected (EINVAL at the caller).
-        The caller holds the commit order for ``key``."""
+        The caller holds the commit order for ``key``; ``stored`` is its stored value where
+        the caller read it already."""
         if self.mode is Mode.OFF:
             return
         if size is None or size > MAX_VALIDATED_BYTES:
             pre = None  # refused as too large, exactly as without the check
         try:
-            verdict = self.rules.check(key, _bounded(key, load, size), pre=pre, size=size)
+            verdict = self.rules.check(
+                key, _bounded(key, load, size), pre=pre, size=size, stored=stored
+            )
         except Rejected as exc:
             self._reject(key, exc, stored=self.mode is Mode.WARN)
             if self.mode is Mode.STRICT:
@@ -230,7 +234,7 @@ class Committer:
             if self.conditional.unchanged(key, base, current, load()):
                 assert current is not None
                 return current.version
-            self.validate(key, load, size, pre)
+            self.validate(key, load, size, pre, None if current is None else current.data)
             return self.conditional.put(key, load(), current)
         except StaleVersion as exc:
             self._reject(key, exc, stored=False)
