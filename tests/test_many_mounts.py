@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from n5fs.errors import KeyNotFound, Rejected, StaleVersion, errno_of
+from n5fs.errors import KeyNotFound, Rejected, StaleVersion, VersionConflict, errno_of
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.gateway.conditional import STALE_RULE
+from n5fs.gateway.consolidated import ATTEMPTS, MAX_PAUSE
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.validate import Validator
 from tests.test_gateway_races import ZARRAY, HookedStore, result
@@ -178,6 +179,40 @@ def test_consolidated_document_keeps_every_node_entry(pool: ThreadPoolExecutor) 
     assert {"a/.zarray", "b/.zarray"} <= entries.keys()
     assert a.committer.keeper.retries == 1
     assert Validator(store).run().ok
+
+
+class AlwaysBeaten(HookedStore):
+    """Once ``beaten``, another node rewrites ``.zmetadata`` between every read and write of
+    this one."""
+
+    beaten = False
+
+    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
+        if self.beaten and key == ".zmetadata":
+            raise VersionConflict(f"{key}: another writer won")
+        return super().set_if(key, value, version=version)
+
+
+def test_a_document_contended_past_every_retry_is_reported_not_hung(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    contended = AlwaysBeaten(store)
+    gw = node(contended)
+    gw.write_file("/.zgroup", b'{"zarr_format": 2}')
+    gw.write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
+        ".zgroup": {"zarr_format": 2}}}).encode())
+    pauses: list[float] = []
+    gw.committer.keeper._sleep = pauses.append
+    contended.beaten = True
+    gw.write_file("/a/.zarray", zarray())  # the array's own commit stands
+    assert store.get("a/.zarray") is not None
+    assert "a/.zarray" not in doc(store, ".zmetadata")["metadata"]  # type: ignore[operator]
+    keeper = gw.committer.keeper
+    assert (keeper.retries, keeper.given_up) == (ATTEMPTS - 1, 1)
+    assert max(pauses) <= MAX_PAUSE * 1.5
+    assert "gave up keeping the entry of /a/.zarray" in caplog.text
+    assert gw.stats()["consolidation_given_up"] == 1
 
 
 def test_many_nodes_creating_arrays_under_one_consolidated_root(pool: ThreadPoolExecutor) -> None:

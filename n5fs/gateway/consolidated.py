@@ -21,7 +21,7 @@ conditional writes are in force (:mod:`n5fs.gateway.conditional`) each rewrite i
 compare-and-swap: read the document with its version, merge, write ``If-Match`` that version
 (``If-None-Match`` never: a document is only kept, never created here). A lost race re-reads
 the key's current value and the latest document and merges again, after a jittered pause,
-up to :data:`ATTEMPTS` times, so no node's entry is lost. A document still contended after
+up to :data:`ATTEMPTS` times (about 4 s in all), so no node's entry is lost. A document still contended after
 that is logged as an error and left for the next upkeep (or ``n5fs validate``) to repair.
 """
 
@@ -47,8 +47,10 @@ log = logging.getLogger(__name__)
 
 #: compare-and-swap attempts of one document rewrite before giving up (logged)
 ATTEMPTS = 12
-#: the first pause after a lost race, doubled each time (with jitter), in seconds
+#: the first pause after a lost race, doubled each time up to MAX_PAUSE (with jitter), in
+#: seconds: a document contended all the way holds its commit about 4 s at most
 BACKOFF = 0.01
+MAX_PAUSE = 0.5
 
 
 class ConsolidatedKeeper:
@@ -97,8 +99,8 @@ class ConsolidatedKeeper:
             if attempt:
                 self.retries += 1
                 self._sleep(pause * (0.5 + random.random()))
-                pause *= 2
-                entry = self._entry_now(key)  # another node may have changed it too
+                pause = min(pause * 2, MAX_PAUSE)
+                entry = _parsed(self.store.get(key))  # another node may have changed it too
             try:
                 return self._update(consolidation, doc_key, key, entry)
             except VersionConflict:
@@ -112,13 +114,6 @@ class ConsolidatedKeeper:
             ATTEMPTS,
         )
         return False
-
-    def _entry_now(self, key: str) -> Any:
-        raw = self.store.get(key)
-        try:
-            return load_json(raw) if raw is not None else None
-        except Rejected:
-            return None
 
     def _update(self, consolidation: Consolidation, doc_key: str, key: str, entry: Any) -> bool:
         """One read-merge-write; VersionConflict when another writer rewrote the document
@@ -146,9 +141,14 @@ class ConsolidatedKeeper:
         return True
 
 
-def _document(raw: bytes | None) -> dict[str, Any] | None:
+def _parsed(raw: bytes | None) -> Any:
+    """The JSON value of ``raw``; None when absent or not JSON."""
     try:
-        doc = load_json(raw) if raw is not None else None
+        return load_json(raw) if raw is not None else None
     except Rejected:
         return None
+
+
+def _document(raw: bytes | None) -> dict[str, Any] | None:
+    doc = _parsed(raw)
     return doc if isinstance(doc, dict) else None
