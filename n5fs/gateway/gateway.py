@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from n5fs.detect import Detector
@@ -45,6 +44,7 @@ from n5fs.gateway.cache import stamp_of, version_of
 from n5fs.gateway.commit import Mode, Rejection
 from n5fs.gateway.committer import Committer
 from n5fs.gateway.conditional import Conditional
+from n5fs.gateway.config import GatewayConfig
 from n5fs.gateway.control import ControlEntries
 from n5fs.gateway.handles import Handle, Node, OpenFiles, RefusedNames, StagingConfig
 from n5fs.gateway.namespace import (
@@ -69,54 +69,6 @@ if TYPE_CHECKING:
     from n5fs.kvstore.base import KvStore
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
-#: the ``consistency`` settings (see :class:`GatewayConfig`)
-CONSISTENCY = ("ttl", "strict")
-#: the ``mtime`` settings (see :class:`GatewayConfig`)
-MTIME_SOURCES = ("kept", "listing")
-
-
-@dataclass
-class GatewayConfig:
-    validate: str = "strict"
-    read_only: bool = False
-    #: bytes of object data kept in memory (the LRU); read-ahead windows come on top
-    cache_bytes: int = 256 << 20
-    #: seconds a listing, stat or detection answer is trusted (others may write the store)
-    ttl: float = 5.0
-    #: one open file's staged writes spill to a temp file past this size
-    spill_bytes: int = 64 << 20
-    #: staged writes of all open files together hold at most this much memory (then spill)
-    staging_bytes: int = 256 << 20
-    #: a write or truncate past this size answers EFBIG
-    max_file_size: int = 1 << 40
-    tmp_dir: str | None = None
-    #: objects up to this size are fetched whole (and cached); larger ones by range. Chunks
-    #: are read whole by every reader, and a 4 MiB chunk plus its header must not become a
-    #: series of ranged GETs on S3.
-    small_object: int = 16 << 20
-    readahead: int = 8 << 20
-    max_rejections: int = 10_000
-    #: list ``/.n5fs`` in the root folder (``-o show_control``); it is reachable either way
-    show_control: bool = False
-    #: keys one flat listing of an array may read (stores that prefer them: S3, zip); the
-    #: folders of a larger array's chunk tree past that are listed one by one; 0: never
-    flat_list_keys: int = 100_000
-    #: when a commit to a local file store is on disk (``-o durable=``): ``fsync`` at the
-    #: next ``fsync()`` or unmount, as on a local filesystem; ``commit`` before ``close()``
-    #: returns (two fsyncs per file, the larger part of the write path's cost)
-    durable: str = "fsync"
-    #: metadata commits as compare-and-swap where the store honours conditional writes
-    #: (``auto``: probed at mount; ``off``: last-writer-wins, one writing mount per hierarchy)
-    conditional: str = "auto"
-    #: a file's mtime on a store whose listings cannot carry the kept one (S3): ``kept``
-    #: asks the store (one HEAD per stat: what ``rsync -a`` into the mount needs), ``listing``
-    #: answers the listing's time (no request); None: kept on read-write mounts, listing on
-    #: read-only ones (``-o mtime=``)
-    mtime: str | None = None
-    #: what other mounts' commits this mount sees when (``-o consistency=``): ``ttl`` trusts
-    #: listings and detection for ``ttl`` seconds; ``strict`` asks the store on every lookup
-    #: and checks an array's metadata is current before each chunk commit
-    consistency: str = "ttl"
 
 
 class Gateway:
@@ -131,15 +83,11 @@ class Gateway:
         self.config = cfg = config or GatewayConfig()
         self.mode = Mode(cfg.validate)
         self.read_only = cfg.read_only or not store.writable
-        if cfg.mtime not in (None, *MTIME_SOURCES):
-            raise ValueError(f"mtime must be one of {', '.join(MTIME_SOURCES)}")
         kept = cfg.mtime == "kept" or (cfg.mtime is None and not self.read_only)
         #: a stat asks the store for the kept mtime its listing cannot show (S3: a HEAD)
         self._ask_mtimes = kept and not store.listing_mtimes
         if isinstance(store, FileStore):
             store.durability = Durability(cfg.durable)
-        if cfg.consistency not in CONSISTENCY:
-            raise ValueError(f"consistency must be one of {', '.join(CONSISTENCY)}")
         ttl = 0.0 if cfg.consistency == "strict" else cfg.ttl
         self.detector = Detector(store, ttl=ttl, clock=clock)
         self.budget = StagingBudget(cfg.staging_bytes)
