@@ -166,6 +166,11 @@ def test_status_line_names_source_mountpoint_and_counters():
 # == the config file ===============================================================================
 
 
+def test_consistency_in_a_config_becomes_the_option(tmp_path):
+    path = write_config(tmp_path / "node.toml", 'consistency = "strict"\n')
+    assert "consistency=strict" in load_config(str(path)).option_groups()
+
+
 @pytest.mark.parametrize(
     ("text", "named", "reason"),
     [
@@ -184,6 +189,7 @@ def test_status_line_names_source_mountpoint_and_counters():
         ("[s3]\nanonymous = 1\n", "s3.anonymous", "expected true or false"),
         ('source = "/data"\n[s3]\nregion = "x"\n', "s3", "'/data' is not on S3"),
         ('source = "s3://b/p/\n', "not valid TOML", "line 1"),
+        ('consistency = "eventual"\n', "consistency", "must be one of ttl, strict"),
     ],
 )
 def test_a_bad_config_names_the_key_and_the_reason(tmp_path, text, named, reason):
