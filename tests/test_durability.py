@@ -132,3 +132,18 @@ def test_durable_mount_option() -> None:
     assert "durable" not in parse_options(["durable=commit"]).fuse  # n5fs's, not libfuse's
     with pytest.raises(InvalidSource, match="durable must be one of"):
         parse_options(["durable=always"])
+
+
+def test_many_mounts_options_are_checked() -> None:
+    """``-o consistency=``, ``conditional=`` and ``mtime=``: n5fs's own, never libfuse's; a
+    bad value names the choices (the mount then exits 2 before anything is mounted)."""
+    opts = parse_options(["consistency=strict,conditional=off,mtime=listing"])
+    assert (opts.consistency, opts.conditional, opts.mtime) == ("strict", "off", "listing")
+    assert opts.fuse == {}
+    for bad, name in (
+        ("consistency=eventual", "consistency"),
+        ("conditional=on", "conditional"),
+        ("mtime=ctime", "mtime"),
+    ):
+        with pytest.raises(InvalidSource, match=f"{name} must be one of"):
+            parse_options([bad])

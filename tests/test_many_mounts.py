@@ -49,6 +49,13 @@ def zarray(**changes: object) -> bytes:
     return json.dumps({**ZARRAY, **changes}).encode()
 
 
+def consolidated_root(gw: Gateway) -> None:
+    """A Zarr v2 root group with a consolidated ``.zmetadata`` that upkeep then keeps."""
+    gw.write_file("/.zgroup", b'{"zarr_format": 2}')
+    root = {"zarr_consolidated_format": 1, "metadata": {".zgroup": {"zarr_format": 2}}}
+    gw.write_file("/.zmetadata", json.dumps(root).encode())
+
+
 @pytest.fixture
 def pool():
     with ThreadPoolExecutor(4) as executor:
@@ -139,7 +146,7 @@ def test_a_write_between_read_and_put_is_caught(pool: ThreadPoolExecutor) -> Non
     gate.wait_reached()  # B read and validated version 1, about to write
     a.write_file("/arr/.zarray", zarray(shape=[64]))
     gate.release()
-    with pytest.raises(StaleVersion):
+    with pytest.raises(StaleVersion, match="now written again"):
         result(change)
     assert doc(store, "arr/.zarray")["shape"] == [64]
 
@@ -165,9 +172,7 @@ def test_consolidated_document_keeps_every_node_entry(pool: ThreadPoolExecutor) 
     store = MemoryStore()
     hooked = HookedStore(store)
     a, b = node(hooked), node(store)
-    a.write_file("/.zgroup", b'{"zarr_format": 2}')
-    a.write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
-        ".zgroup": {"zarr_format": 2}}}).encode())
+    consolidated_root(a)
     gate = hooked.gate("get", lambda key: key == ".zmetadata")  # A's upkeep has read it
     first = pool.submit(a.write_file, "/a/.zarray", zarray())
     gate.wait_reached()
@@ -199,9 +204,7 @@ def test_a_document_contended_past_every_retry_is_reported_not_hung(
     store = MemoryStore()
     contended = AlwaysBeaten(store)
     gw = node(contended)
-    gw.write_file("/.zgroup", b'{"zarr_format": 2}')
-    gw.write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
-        ".zgroup": {"zarr_format": 2}}}).encode())
+    consolidated_root(gw)
     pauses: list[float] = []
     gw.committer.keeper._sleep = pauses.append
     contended.beaten = True
@@ -218,9 +221,7 @@ def test_a_document_contended_past_every_retry_is_reported_not_hung(
 def test_many_nodes_creating_arrays_under_one_consolidated_root(pool: ThreadPoolExecutor) -> None:
     store = MemoryStore()
     nodes = [node(store) for _ in range(3)]
-    nodes[0].write_file("/.zgroup", b'{"zarr_format": 2}')
-    nodes[0].write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
-        ".zgroup": {"zarr_format": 2}}}).encode())
+    consolidated_root(nodes[0])
 
     def create(i: int) -> None:
         for j in range(10):

@@ -121,14 +121,14 @@ class Conditional:
         try:
             new = self.store.set_if(key, data, version=version)
         except VersionConflict:
-            raise self._stale(key, ABSENT if version is None else version, "newer") from None
+            raise self._stale(key, ABSENT if version is None else version, None) from None
         self.counters.add("conditional_commits")
         return new
 
     def _stale(self, key: str, base: str, now: str | None) -> StaleVersion:
         self.counters.add("conflicts")
         seen = "absent" if base == ABSENT else f"version {base}"
-        found = "absent" if now == ABSENT else f"version {now}" if now else "changed"
+        found = "absent" if now == ABSENT else f"version {now}" if now else "written again"
         return StaleVersion(
             f"another writer changed this metadata since this mount read it ({seen}, now "
             f"{found}); nothing was stored: read it again and retry",
