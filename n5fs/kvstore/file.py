@@ -11,6 +11,8 @@ itself (measured: 1 GiB in 4 MiB files, 0.5 s without, 2.4 s with them). With ``
 mount's default) they are deferred to :meth:`FileStore.flush` (the mount's ``fsync()`` and
 unmount), as a local filesystem makes ``close()`` cheap and ``fsync()`` durable; the paths
 written since are remembered (a bounded set, synced early when full) under a leaf lock.
+The file operations themselves (temp file + rename, fsync of a file or a folder, copies that
+keep holes) are :mod:`~n5fs.kvstore.localio`; this module decides when each is due.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import shutil
 import stat as stat_mod
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from n5fs.errors import (
     AccessDenied,
@@ -35,6 +37,7 @@ from n5fs.errors import (
 )
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
 from n5fs.kvstore.keys import check_prefix, dir_prefix
+from n5fs.kvstore.localio import atomic_writer, copy_sparse, fsync_dir, fsync_file
 from n5fs.kvstore.spec import FileSpec
 from n5fs.kvstore.tempnames import (
     PARTIAL_SUFFIX,
@@ -42,7 +45,6 @@ from n5fs.kvstore.tempnames import (
     is_alive,
     is_dead,
     is_partial,
-    temp_name,
     writer_of,
 )
 
@@ -58,7 +60,6 @@ __all__ = [
     "fsync_dir",
 ]
 
-_CHUNK = 1 << 20
 #: with deferred durability, at most this many written paths wait for a flush; then they are
 #: synced at once (by then the kernel has written most of them back: the fsyncs are cheap)
 MAX_UNSYNCED = 4096
@@ -71,107 +72,6 @@ class Durability(str, enum.Enum):
     COMMIT = "commit"
     #: sets are durable at the next :meth:`FileStore.flush` (a mount's fsync, unmount)
     FSYNC = "fsync"
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some filesystems refuse fsync on directories
-        if exc.errno not in (errno.EINVAL, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def _temp_beside(path: str) -> str:
-    """A hidden temp name beside ``path`` that names its writer and fits ``NAME_MAX``."""
-    head, name = os.path.split(path)
-    return os.path.join(head, temp_name(name))
-
-
-def fsync_file(path: str) -> None:
-    """Make a file written earlier durable; a file gone since (replaced, deleted) is skipped."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_writer(path: str, *, durable: bool = True) -> Iterator[BinaryIO]:
-    """Yield a file to write; on success it replaces ``path`` (durably unless told not to),
-    else it vanishes."""
-    tmp = _temp_beside(path)
-    try:
-        with open(tmp, "xb") as f:
-            yield f
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-        if durable:
-            fsync_dir(os.path.dirname(path))
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def copy_sparse(src: BinaryIO, dst: BinaryIO) -> None:
-    """Copy ``src`` into the empty ``dst``: only its data extents (``SEEK_DATA``/``SEEK_HOLE``)
-    at their offsets, then ``ftruncate`` to its size, so holes stay holes (``truncate -s 4G``
-    costs no blocks). Where the platform or filesystem cannot say, a plain copy."""
-    size = os.fstat(src.fileno()).st_size
-    extents: list[tuple[int, int]] | None
-    try:
-        extents = list(_data_extents(src.fileno(), size))
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        extents = None
-    if extents is None:
-        src.seek(0)
-        shutil.copyfileobj(src, dst, _CHUNK)
-        return
-    for start, stop in extents:
-        src.seek(start)
-        dst.seek(start)
-        _copy_range(src, dst, stop - start)
-    dst.flush()
-    os.ftruncate(dst.fileno(), size)
-
-
-def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
-    """``(start, stop)`` of every data extent of ``fd``; OSError where unsupported."""
-    seek_data = getattr(os, "SEEK_DATA", None)
-    seek_hole = getattr(os, "SEEK_HOLE", None)
-    if seek_data is None or seek_hole is None:
-        raise OSError(errno.ENOTSUP, "no SEEK_DATA/SEEK_HOLE here")
-    pos = 0
-    while pos < size:
-        try:
-            start = os.lseek(fd, pos, seek_data)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # nothing but a hole up to the end
-                return
-            raise
-        stop = min(os.lseek(fd, start, seek_hole), size)
-        yield start, stop
-        pos = stop
-
-
-def _copy_range(src: BinaryIO, dst: BinaryIO, length: int) -> None:
-    while length > 0:
-        data = src.read(min(_CHUNK, length))
-        if not data:
-            return  # the source shrank meanwhile: the final ftruncate keeps the size
-        dst.write(data)
-        length -= len(data)
 
 
 class FileStore(KvStore):
