@@ -5,7 +5,8 @@ than the tail), then the central directory; a member costs one ranged GET after 
 members serve byte ranges straight from the base; deflate, bzip2 and lzma members are
 decoded with their output bounded by the size the directory declares (CRC checked on full
 reads). Member names that could escape (``..``, absolute, ``\\``, drive letters) are never
-exposed; directory entries make prefixes.
+exposed; directory entries make prefixes. The index and member reads are
+:mod:`~n5fs.kvstore.zipindex`; this module owns the overlay, the locks and the rewrite.
 
 Writes collect in an overlay (values past ``spill_threshold``, or past ``memory_budget`` in
 total, go to anonymous temp files) that reads see first. :meth:`ZipStore.flush` (and
@@ -29,44 +30,26 @@ import os
 import shutil
 import threading
 import time
-from bisect import bisect_left
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from n5fs.errors import InvalidKey, KeyNotFound, ReadOnly, StoreCorrupt
-from n5fs.kvstore import zipformat as zf
 from n5fs.kvstore import ziprewrite as zr
 from n5fs.kvstore import zipwriter as zw
-from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing, slice_bytes
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix, split_path
 from n5fs.kvstore.registry import open_spec
 from n5fs.kvstore.spec import ZipSpec
+from n5fs.kvstore.zipindex import ArchiveIndex, MemberReads, build_index, live_infos, load_index
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Mapping
+    from collections.abc import Iterator, Mapping
 
     from n5fs.kvstore.tempnames import Leftover
 
 log = logging.getLogger(__name__)
 
 MiB = 1 << 20
-_BLOCK = 4 * MiB  # compressed input per ranged read while decoding
 _MISSING = object()
-_LAST_CHAR = "\U0010ffff"  # sorts after any character a key can hold
-
-
-@dataclass(frozen=True)
-class _Index:
-    """What the archive in the base holds, as of the last load or flush."""
-
-    size: int = 0
-    members: tuple[zf.Member, ...] = ()  # every member once (the last of duplicates wins)
-    files: Mapping[str, zf.Member] = field(default_factory=dict)  # exposed key -> member
-    order: tuple[str, ...] = ()  # exposed keys, sorted
-    dirs: frozenset[str] = frozenset()  # exposed directory entries, relative, ending "/"
-    comment: bytes = b""
-    start: int = 0
-    data_offsets: dict[int, int] = field(default_factory=dict)  # header -> data offset cache
 
 
 class ZipStore(KvStore):
@@ -102,13 +85,14 @@ class ZipStore(KvStore):
         self._temps = zr.TempArchives.of(base, self.archive_key, tmp_dir)
         self._cond = threading.Condition()
         self._flush_lock = threading.Lock()
-        self._index: _Index | None = None
+        self._index: ArchiveIndex | None = None
         self._overlay: dict[str, zr.Pending | None] = {}  # None: deleted
         self._memory = 0
         self._readers = 0
         self._swapping = False
         self._retired: list[zr.Pending] = []
         self._warned: set[str] = set()
+        self._members = MemberReads(self.fetch, self._where)
 
     @classmethod
     def from_spec(cls, spec: ZipSpec) -> ZipStore:
@@ -138,46 +122,15 @@ class ZipStore(KvStore):
             )
         return data
 
-    def _load(self) -> _Index:
-        tail = self.base.get(self.archive_key, ByteRange(-zf.TAIL_SIZE))
-        if tail is None:
-            return _Index()
-        size = len(tail)
-        if size == zf.TAIL_SIZE:
-            info = self.base.stat(self.archive_key)
-            size = info.size if info is not None else size
-        if size == 0:
-            return _Index()
-        directory = zf.read_directory(tail, size, self.fetch, self._where)
-        return self._build_index(directory.members, size, directory.comment, directory.start)
-
-    def _build_index(
-        self,
-        members: Iterable[zf.Member],
-        size: int,
-        comment: bytes,
-        start: int,
-        data_offsets: dict[int, int] | None = None,
-    ) -> _Index:
-        by_name: dict[str, zf.Member] = {}
-        for member in members:
-            by_name.pop(member.name, None)
-            by_name[member.name] = member
-        hidden = {name for name in by_name if not zf.safe_name(name)}
-        self._warn_hidden(sorted(hidden))
-        files: dict[str, zf.Member] = {}
-        dirs: set[str] = set()
-        for name, member in by_name.items():
-            rel = name[len(self._inner) :]
-            if not name.startswith(self._inner) or not rel or name in hidden:
-                continue
-            if member.is_dir:
-                dirs.add(rel)
-            else:
-                files[rel] = member
-        order, offsets = tuple(sorted(files)), data_offsets or {}
-        kept = tuple(by_name.values())
-        return _Index(size, kept, files, order, frozenset(dirs), comment, start, offsets)
+    def _load(self) -> ArchiveIndex:
+        return load_index(
+            self.base,
+            self.archive_key,
+            self.fetch,
+            self._where,
+            inner=self._inner,
+            on_hidden=self._warn_hidden,
+        )
 
     def _warn_hidden(self, hidden: list[str]) -> None:
         fresh = [name for name in hidden if name not in self._warned]
@@ -190,7 +143,7 @@ class ZipStore(KvStore):
                 ", ".join(map(repr, fresh[:10])),
             )
 
-    def _index_locked(self) -> _Index:
+    def _index_locked(self) -> ArchiveIndex:
         """The index, loaded if need be (never from an archive that is being replaced).
 
         During a swap the old index stays valid for stat and list: the overlay still holds
@@ -204,7 +157,7 @@ class ZipStore(KvStore):
         return self._index
 
     @contextlib.contextmanager
-    def _reading(self, key: str = "") -> Iterator[tuple[_Index, object]]:
+    def _reading(self, key: str = "") -> Iterator[tuple[ArchiveIndex, object]]:
         """Hold off an archive swap while the old archive is read; yield (index, pending)."""
         with self._cond:
             while self._swapping:
@@ -234,42 +187,7 @@ class ZipStore(KvStore):
                 start, stop = (byte_range or ByteRange(0)).resolve(pending.size)
                 return pending.read(start, stop)
             member = index.files.get(key) if pending is _MISSING else None
-            return None if member is None else self._read_member(index, member, byte_range)
-
-    def _read_member(self, index: _Index, m: zf.Member, byte_range: ByteRange | None) -> bytes:
-        m.check_readable(self._where)
-        start, stop = (byte_range or ByteRange(0)).resolve(m.size)
-        if stop <= start:
-            return b""
-        full = start == 0 and stop == m.size
-        if m.method == zf.STORED:
-            data = self._member_bytes(index, m, start, stop)
-        else:
-            blocks = self._member_blocks(index, m)
-            data = zf.decode(m, blocks, stop, full=full, what=self._where)[start:]
-        if full:
-            zf.check_crc(m, data, self._where)
-        return data
-
-    def _member_bytes(self, index: _Index, m: zf.Member, start: int, stop: int) -> bytes:
-        """Bytes ``[start, stop)`` of a member's (compressed) data; on a first visit the local
-        header is read in the same request when the range starts near it."""
-        at = index.data_offsets.get(m.header_offset)
-        if at is None:
-            guess = zf.LOCAL_HEADER_SIZE + len(m.raw_name) + len(m.extra) + 40
-            span = min(index.size, m.header_offset + guess + (stop if start < MiB else 0))
-            head = self.fetch(m.header_offset, span)
-            at = m.header_offset + zf.local_data_offset(head, m, self._where)
-            index.data_offsets[m.header_offset] = at
-            if at + stop <= span:
-                return slice_bytes(head, ByteRange(at - m.header_offset + start, stop - start))
-        if at + m.csize > index.size:
-            raise StoreCorrupt(f"{self._where}: member {m.name!r} runs past the archive's end")
-        return self.fetch(at + start, at + stop)
-
-    def _member_blocks(self, index: _Index, m: zf.Member) -> Iterator[bytes]:
-        for at in range(0, m.csize, _BLOCK):
-            yield self._member_bytes(index, m, at, min(at + _BLOCK, m.csize))
+            return None if member is None else self._members.read(index, member, byte_range)
 
     def stat(self, key: str) -> KeyInfo | None:
         with self._cond:
@@ -284,7 +202,7 @@ class ZipStore(KvStore):
         with self._cond:
             index = self._index_locked()
             overlay = dict(self._overlay)
-        listing = group_listing(self._infos(index, overlay, prefix, delimiter), prefix, delimiter)
+        listing = group_listing(live_infos(index, overlay, prefix, delimiter), prefix, delimiter)
         if not delimiter:
             return listing
         extra = set()
@@ -294,30 +212,6 @@ class ZipStore(KvStore):
             if name.startswith(prefix) and cut >= 0 and overlay.get(name, _MISSING) is not None:
                 extra.add(prefix + rest[: cut + len(delimiter)])
         return Listing(listing.keys, tuple(sorted(extra.union(listing.prefixes))))
-
-    @staticmethod
-    def _infos(
-        index: _Index, overlay: Mapping[str, zr.Pending | None], prefix: str, delimiter: str | None
-    ) -> Iterator[KeyInfo]:
-        """Live keys under ``prefix``: the overlay's, then the archive's; of the archive's
-        keys under one sub-prefix only the first live one (enough for the grouping, and a
-        root listing of a large archive skips its sub-trees by bisection)."""
-        for key, pending in overlay.items():
-            if pending is not None and key.startswith(prefix):
-                yield KeyInfo(key, pending.size, pending.mtime)
-        order = index.order
-        i = bisect_left(order, prefix)
-        while i < len(order) and order[i].startswith(prefix):
-            cut = order[i].find(delimiter, len(prefix)) if delimiter else -1
-            sub = order[i][: cut + len(delimiter or "")]
-            end = bisect_left(order, sub + _LAST_CHAR, i) if cut >= 0 else i + 1
-            for key in order[i:end]:
-                if key not in overlay:
-                    member = index.files[key]
-                    yield KeyInfo(key, member.size, member.mtime)
-                    if cut >= 0:
-                        break
-            i = end
 
     # -- commands ---------------------------------------------------------------------------
 
@@ -409,7 +303,7 @@ class ZipStore(KvStore):
         self._check_writable(prefix or "<root>")
         with self._cond:
             index = self._index_locked()
-            keys = [info.key for info in self._infos(index, self._overlay, prefix, None)]
+            keys = [info.key for info in live_infos(index, self._overlay, prefix, None)]
             dirs = [name for name in index.dirs if name.startswith(prefix)]
             for key in keys + dirs:
                 self._install(key, None)
@@ -453,7 +347,15 @@ class ZipStore(KvStore):
                         out, old, index.start, kept, changes, index.comment
                     )
                     size = out.tell()
-            new = self._build_index(members, size, index.comment, 0, offsets)
+            new = build_index(
+                members,
+                size,
+                index.comment,
+                0,
+                inner=self._inner,
+                on_hidden=self._warn_hidden,
+                data_offsets=offsets,
+            )
             attempt.putting = True
             self._swap(tmp, new, snapshot)
         finally:
@@ -461,7 +363,7 @@ class ZipStore(KvStore):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
 
-    def _swap(self, tmp: str, new: _Index, snapshot: Mapping[str, zr.Pending | None]) -> None:
+    def _swap(self, tmp: str, new: ArchiveIndex, snapshot: Mapping[str, zr.Pending | None]) -> None:
         """Put the new archive in place once no read of the old one is in flight."""
         with self._cond:
             self._swapping = True
