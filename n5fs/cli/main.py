@@ -10,6 +10,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 from n5fs import __version__
+from n5fs.codecs.limits import INFLATE
 from n5fs.errors import N5fsError
 
 if TYPE_CHECKING:
@@ -37,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"n5fs {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"n5fs {__version__} (inflate: {INFLATE})"
+    )
     parser.add_argument(
         "-v",
         "--verbose",

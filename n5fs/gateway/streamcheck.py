@@ -30,7 +30,7 @@ import lzma
 import zlib
 from typing import TYPE_CHECKING, Protocol
 
-from n5fs.codecs.limits import CodecError
+from n5fs.codecs.limits import STREAM_ERRORS, CodecError, inflater
 from n5fs.codecs.n5_compression import (
     Bzip2Compression,
     GzipCompression,
@@ -116,7 +116,7 @@ class _Stream:
             raise Unsure  # bytes after the stream: trailing data, or another gzip member
         try:
             self._decode(data)
-        except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError) as exc:
+        except STREAM_ERRORS as exc:
             raise Unsure from exc
         if self.decoder.eof:
             self.ended = True
@@ -152,7 +152,7 @@ def _payload(compression: N5Compression, expected: int) -> _Payload | None:
         return _Raw(expected)
     if type(compression) is GzipCompression:
         wbits = zlib.MAX_WBITS if compression.use_zlib else 16 + zlib.MAX_WBITS
-        return _Stream(zlib.decompressobj(wbits), expected, tail=True)
+        return _Stream(inflater(wbits), expected, tail=True)
     if type(compression) is Bzip2Compression:
         return _Stream(bz2.BZ2Decompressor(), expected, tail=False)
     if type(compression) is XzCompression:
@@ -174,7 +174,7 @@ def _zarr2_payload(array: Zarr2ArrayNode) -> _Payload | None:
     kind = codec.codec_id
     if kind in ("zlib", "gzip"):
         wbits = zlib.MAX_WBITS if kind == "zlib" else 16 + zlib.MAX_WBITS
-        return _Stream(zlib.decompressobj(wbits), expected, tail=True)
+        return _Stream(inflater(wbits), expected, tail=True)
     if kind == "bz2":
         return _Stream(bz2.BZ2Decompressor(), expected, tail=False)
     if kind == "lzma" and codec.format in (lzma.FORMAT_XZ, lzma.FORMAT_ALONE):
