@@ -9,6 +9,7 @@ This class is the façade the FUSE front calls; each concern lives in its own mo
 owns its state and states its lock discipline:
 
 - :mod:`~n5fs.gateway.handles` — open files (nodes, handles, staging);
+- :mod:`~n5fs.gateway.filecalls` — the calls on a file's content, open to release;
 - :mod:`~n5fs.gateway.view` — the namespace (listings, virtual dirs, links, control entries);
 - :mod:`~n5fs.gateway.committer` — validation, store writes, commit order, rejections,
   counters, consolidated metadata, change notices;
@@ -33,24 +34,21 @@ from n5fs.errors import (
     AccessDenied,
     IsAPrefix,
     KeyExists,
-    KeyNotFound,
     NotAPrefix,
     NotSupported,
     PrefixNotEmpty,
-    ReadOnly,
     Rejected,
 )
-from n5fs.gateway.cache import stamp_of, version_of
 from n5fs.gateway.commit import Mode, Rejection
 from n5fs.gateway.committer import Committer
 from n5fs.gateway.conditional import Conditional
 from n5fs.gateway.config import GatewayConfig
 from n5fs.gateway.control import ControlEntries
-from n5fs.gateway.handles import Handle, Node, OpenFiles, RefusedNames, StagingConfig
+from n5fs.gateway.filecalls import FileCalls, read_whole
+from n5fs.gateway.handles import OpenFiles, StagingConfig
 from n5fs.gateway.namespace import (
     Attr,
     EntryKind,
-    is_control,
     path_to_key,
     statfs_of,
 )
@@ -59,7 +57,7 @@ from n5fs.gateway.renames import Renamer
 from n5fs.gateway.staging import StagingBudget
 from n5fs.gateway.view import NamespaceView
 from n5fs.kvstore.file import Durability, FileStore
-from n5fs.kvstore.keys import folders_above, parent
+from n5fs.kvstore.keys import folders_above
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -67,8 +65,6 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from n5fs.kvstore.base import KvStore
-
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
 
 
 class Gateway:
@@ -131,9 +127,17 @@ class Gateway:
         self.renamer = Renamer(
             store, self.view, self.files, self.committer, self.reader, self.detector
         )
-        self._refused = RefusedNames()
         self.control = ControlEntries(
             self.committer, self.view, self.reader, self.files, self.budget, cfg.consistency
+        )
+        self.calls = FileCalls(
+            store,
+            self.view,
+            self.files,
+            self.reader,
+            self.committer,
+            control=self._control_bytes,
+            read_only=self.read_only,
         )
 
     @property
@@ -181,232 +185,46 @@ class Gateway:
     # == open / read / write =======================================================================
 
     def _check_mutable(self, key: str) -> None:
-        if is_control(key):
-            raise AccessDenied(f"/{key} is a read-only control entry of n5fs")
-        if self.read_only:
-            raise ReadOnly(f"read-only mount: cannot change /{key}")
+        self.calls.check_mutable(key)
 
     def open(self, path: str, flags: int) -> int:
-        key = path_to_key(path)
-        if is_control(key):
-            if flags & (_WRITE_FLAGS | os.O_TRUNC):
-                raise AccessDenied(f"{path} is a read-only control entry of n5fs")
-            control = self._control_bytes(key)  # its size changes between reads: no pages
-            return self.files.add_handle(
-                Handle(None, flags, control=control, page_cache=PageCache.BYPASS)
-            )
-        writing = bool(flags & (_WRITE_FLAGS | os.O_TRUNC))
-        if writing:
-            self._check_mutable(key)
-            self.reader.forget_pages(key)  # what it writes reaches the kernel's pages first
-        attr = self.view.lookup(key)
-        if attr is None:
-            if writing and key in self._refused:
-                # The kernel still holds the entry our refused create made; the caller's
-                # open(O_CREAT) arrives as open(): create it again.
-                return self.create(path, flags)
-            raise KeyNotFound(f"no such file or directory: {path}")
-        if attr.kind is EntryKind.DIR:
-            raise IsAPrefix(f"is a directory: {path}")
-        if not writing:
-            info = self.view.info(key)
-            listed = stamp_of(info) if info is not None else (attr.size, attr.mtime)
-            return self.files.add_handle(self.files.reading(key, flags, self.reader, listed))
-        base = self.committer.base_of(key)
-        node = self.files.acquire_locked(key)
-        try:
-            if not node.pending:
-                node.base = base  # the version a metadata commit compares with
-            if not flags & os.O_TRUNC:
-                return self.files.add_handle(Handle(node, flags))
-            self.files.empty(node)
-            node.dirty = True
-        finally:
-            node.lock.release()
-        return self.files.add_handle(Handle(node, flags))
+        return self.calls.open(path, flags)
 
     def page_cache(self, fh: int) -> PageCache:
-        """What the kernel does with the pages it caches of the file at this open: keeps them
-        when the file is the version they came from and this mount changed nothing since;
-        reads around them while another handle reads an older version of the file (it may
-        fill them with its bytes); else drops them."""
-        return self.files.handle(fh).page_cache
+        """What the kernel does with the pages it caches of the file at this open
+        (:meth:`FileCalls.page_cache <n5fs.gateway.filecalls.FileCalls.page_cache>`)."""
+        return self.calls.page_cache(fh)
 
     def create(self, path: str, flags: int = os.O_WRONLY) -> int:
-        """A new file (parents are implied, as keys imply prefixes; the kernel has checked
-        them on a mount). The name's node is locked while its existence is decided, so two
-        exclusive creates of one name cannot both succeed."""
-        key = path_to_key(path)
-        self._check_mutable(key)
-        self.reader.forget_pages(key)
-        node = self.files.acquire_locked(key)
-        try:
-            self._start_new(node, path, flags)
-        except BaseException:
-            node.lock.release()
-            self.files.release(node)
-            raise
-        node.lock.release()
-        return self.files.add_handle(Handle(node, flags))
-
-    def _start_new(self, node: Node, path: str, flags: int) -> None:
-        """Stage ``node`` for ``create`` (caller holds its lock)."""
-        attr = self.view.lookup(node.key)
-        if attr is not None and flags & os.O_EXCL:
-            raise KeyExists(f"file exists: {path}")
-        if attr is not None and attr.kind is EntryKind.DIR:
-            raise IsAPrefix(f"is a directory: {path}")
-        if attr is None:
-            self._check_ancestors(node.key)
-            node.stored = False
-        if not node.pending:
-            node.base = self.committer.base_of(node.key)
-        node.unlinked = False
-        if attr is None or flags & os.O_TRUNC:
-            self.files.empty(node)
-        else:
-            self.files.staged(node, attr.size)
-        node.dirty = True
-
-    def _check_ancestors(self, key: str) -> None:
-        """No file may sit where a new key needs a directory (ENOTDIR, as POSIX says)."""
-        folder = parent(key)
-        while folder:
-            attr = self.view.lookup(folder)
-            if attr is None:
-                folder = parent(folder)
-                continue
-            if attr.kind is not EntryKind.DIR:
-                raise NotAPrefix(f"not a directory: /{folder}")
-            return
-
-    def _stored_size(self, node: Node) -> int | None:
-        info = self.view.info(node.key) if node.stored else None
-        return info.size if info is not None else None
+        return self.calls.create(path, flags)
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
-        handle = self.files.handle(fh)
-        node, local = handle.node, handle.local
-        if local is not None and node is not None and node.staged is None:
-            return self.reader.read_local(local, size, offset)  # the hot path: one pread
-        if handle.control is not None:
-            return handle.control[offset : offset + size]
-        assert node is not None
-        with node.lock:
-            if node.staged is not None:
-                return node.staged.read(size, offset)
-            key = node.key
-        info = self.view.info(key)
-        total, version = (info.size, version_of(info)) if info else (None, None)
-        chunk, handle.window = self.reader.read(handle.window, key, size, offset, total, version)
-        return chunk
+        return self.calls.read(fh, size, offset)
 
     def read_fd(self, fh: int, size: int, offset: int) -> int | None:
-        """The descriptor a read of ``size`` bytes at ``offset`` may be served from directly
-        (the FUSE front hands it to libfuse, which reads it in C), None when the read
-        must go through :meth:`read` (staged content, a store without local files)."""
-        handle = self.files.handle(fh)
-        node, local = handle.node, handle.local
-        if local is None or node is None or node.staged is not None:
-            return None
-        self.reader.count_local(local, size, offset)
-        return local.fd
+        """The descriptor a read may be served from directly (the FUSE front hands it to
+        libfuse), None when the read must go through :meth:`read`."""
+        return self.calls.read_fd(fh, size, offset)
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
-        node = self.files.handle(fh).node
-        if node is None:
-            raise AccessDenied("control entries are read-only")
-        self._check_mutable(node.key)
-        with node.lock:
-            staged = self.files.staged(node, self._stored_size(node))
-            prechecks = self.committer.prechecks
-            if not offset and not staged.size and prechecks is not None:
-                prechecks.start(node.key, staged)  # a chunk written from 0: check as it comes
-            written = staged.write(data, offset)
-            node.dirty = node.written = True
-        return written
+        return self.calls.write(fh, data, offset)
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> None:
-        """With a handle, or while a writer holds unflushed data: staged, committed at its
-        flush. Otherwise (``truncate(1)``): committed now, like any other change."""
-        key = path_to_key(path)
-        self._check_mutable(key)
-        if fh is not None:
-            node = self.files.handle(fh).node
-            if node is None:
-                raise AccessDenied(f"{path} is a read-only control entry of n5fs")
-            with node.lock:
-                self.files.staged(node, self._stored_size(node)).truncate(length)
-                node.dirty = node.written = True
-            return
-        if self.view.stat(key).kind is not EntryKind.FILE:
-            raise IsAPrefix(f"is a directory: {path}")
-        with self.files.pinned(key) as (node,):
-            self.files.staged(node, self._stored_size(node)).truncate(length)
-            deferred = node.dirty and node.refs > 1  # a writer's flush commits it
-            node.dirty = node.written = True
-            if not deferred:
-                self._commit(node)
+        self.calls.truncate(path, length, fh)
 
     # == commits ===================================================================================
 
-    def _commit(self, node: Node) -> None:
-        """Commit the node (caller holds its lock), remembering refused new names."""
-        new = not node.stored
-        try:
-            self.committer.commit_node(node)
-        except Rejected:
-            if new:
-                self._refused.remember(node.key)
-            raise
-        self._refused.forget(node.key)
-
     def flush(self, fh: int) -> None:
-        node = self.files.handle(fh).node
-        if node is None:
-            return
-        with node.lock:
-            if not node.dirty or node.unlinked:
-                return
-            if not node.stored and not node.written:
-                # Created and not written yet: `cmd > file` flushes the empty file when the
-                # shell closes its first descriptor. Judge it at release, or at the first
-                # flush after a write.
-                return
-            self._commit(node)
+        self.calls.flush(fh)
 
     def fsync(self, fh: int) -> None:
-        self.flush(fh)
-        self.store.flush()
+        self.calls.fsync(fh)
 
     def release(self, fh: int) -> None:
-        handle = self.files.pop_handle(fh)
-        if handle is None or handle.node is None:
-            return
-        node = handle.node
-        try:
-            with node.lock:
-                if node.dirty and not node.unlinked and node.refs == 1:
-                    self._commit(node)  # the kernel always flushes first; this is a safety net
-        except Rejected:
-            pass  # recorded by the committer; release() cannot report it
-        finally:
-            self.files.release(node)
+        self.calls.release(fh)
 
     def utimens(self, path: str, mtime: float) -> None:
-        """A file's modification time (``touch -d``, ``cp -a``, ``rsync -a``): kept with staged
-        content until its commit, else stored now. Folders and links keep none."""
-        key = path_to_key(path)
-        self._check_mutable(key)
-        if self.view.stat(key).kind is not EntryKind.FILE:
-            return
-        with self.files.pinned(key) as (node,):
-            if node.pending:
-                node.mtime = mtime
-                return
-            info = self.view.info(key)
-            if info is not None:
-                self.committer.set_mtime(key, mtime, info.size)
+        self.calls.utimens(path, mtime)
 
     # == namespace changes =========================================================================
 
@@ -422,7 +240,7 @@ class Gateway:
         with self.files.pinned(key) as (node,):
             stored = node.stored
             self.files.detach(key)
-            self._refused.forget(key)
+            self.calls.refused.forget(key)
             if not stored:
                 self.committer.changed([key])
                 return
@@ -460,14 +278,14 @@ class Gateway:
         attr = self.view.stat(src)
         dst_attr = self.view.lookup(dst)
         if dst_attr is None:
-            self._check_ancestors(dst)
+            self.calls.check_ancestors(dst)
         if attr.kind is EntryKind.DIR:
             self.renamer.rename_dir(src, dst, dst_attr)
         elif attr.kind is EntryKind.SYMLINK:
             raise NotSupported("hdmf-zarr links cannot be renamed; remove and link again")
         else:
             self.renamer.rename_file(src, dst, dst_attr)
-            self._refused.forget(dst)
+            self.calls.refused.forget(dst)
 
     def link(self, src_path: str, dst_path: str) -> None:
         src, dst = path_to_key(src_path), path_to_key(dst_path)
@@ -522,14 +340,8 @@ class Gateway:
             self.release(fh)
 
     def read_file(self, path: str) -> bytes:
-        fh = self.open(path, os.O_RDONLY)
-        try:
-            out = bytearray()
-            while chunk := self.read(fh, 1 << 20, len(out)):
-                out += chunk
-            return bytes(out)
-        finally:
-            self.release(fh)
+        """open + read + release, as ``cat`` does."""
+        return read_whole(self, path)
 
     def walk_keys(self) -> list[str]:
         return sorted(k.key for k in self.store.list("", delimiter=None).keys)

@@ -1,0 +1,324 @@
+"""The POSIX calls on a file's content: open, create, read, write, truncate, flush, fsync,
+release and utimens, from the handle the kernel holds to the commit at close.
+
+Why apart from the façade (:mod:`~n5fs.gateway.gateway`): these calls share one life cycle,
+a node staged from ``open``/``create`` through ``write`` and ``truncate`` to the commit at
+``flush``/``release``, and the rules that go with it (``O_TRUNC`` starts empty, a created
+file that nothing was written to is judged at release, a refused new name answers a retried
+``open`` as a create). The façade keeps the namespace (stat, readdir, mkdir, unlink, rename)
+and the mount's housekeeping, and asks this module whether a name may change
+(:meth:`FileCalls.check_mutable`) and whether a new name has folders above it
+(:meth:`FileCalls.check_ancestors`).
+
+State and locks: the only state of its own is :attr:`FileCalls.refused`
+(:class:`~n5fs.gateway.handles.RefusedNames`, own leaf lock). Everything else belongs to its
+owners: nodes and handles to :class:`~n5fs.gateway.handles.OpenFiles` (a node's lock is held
+here around every change of its staged content and around its commit, and taken before any
+commit-order lock), listings to :class:`~n5fs.gateway.view.NamespaceView`, bytes to
+:class:`~n5fs.gateway.reader.ObjectReader`, commits to
+:class:`~n5fs.gateway.committer.Committer`. The lock order of the whole gateway is in
+:mod:`~n5fs.gateway.gateway`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Protocol
+
+from n5fs.errors import (
+    AccessDenied,
+    IsAPrefix,
+    KeyExists,
+    KeyNotFound,
+    NotAPrefix,
+    ReadOnly,
+    Rejected,
+)
+from n5fs.gateway.cache import stamp_of, version_of
+from n5fs.gateway.handles import Handle, Node, RefusedNames
+from n5fs.gateway.namespace import EntryKind, is_control, path_to_key
+from n5fs.gateway.reader import PageCache
+from n5fs.kvstore.keys import parent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from n5fs.gateway.committer import Committer
+    from n5fs.gateway.handles import OpenFiles
+    from n5fs.gateway.reader import ObjectReader
+    from n5fs.gateway.view import NamespaceView
+    from n5fs.kvstore.base import KvStore
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
+
+
+class Reads(Protocol):
+    """What :func:`read_whole` needs: the gateway's file calls, or a view's."""
+
+    def open(self, path: str, flags: int) -> int: ...
+    def read(self, fh: int, size: int, offset: int) -> bytes: ...
+    def release(self, fh: int) -> None: ...
+
+
+def read_whole(calls: Reads, path: str) -> bytes:
+    """open + read to the end + release, as ``cat`` does (tests, notebooks, and views that
+    read a whole document through the gateway)."""
+    fh = calls.open(path, os.O_RDONLY)
+    try:
+        out = bytearray()
+        while chunk := calls.read(fh, 1 << 20, len(out)):
+            out += chunk
+        return bytes(out)
+    finally:
+        calls.release(fh)
+
+
+class FileCalls:
+    """The file-content calls of one gateway (module docstring); ``control(key)`` renders a
+    control entry of ``/.n5fs/`` when it is opened."""
+
+    def __init__(
+        self,
+        store: KvStore,
+        view: NamespaceView,
+        files: OpenFiles,
+        reader: ObjectReader,
+        committer: Committer,
+        *,
+        control: Callable[[str], bytes],
+        read_only: bool,
+    ) -> None:
+        self._store = store
+        self.view = view
+        self.files = files
+        self.reader = reader
+        self.committer = committer
+        self._control = control
+        self.read_only = read_only
+        self.refused = RefusedNames()
+
+    def check_mutable(self, key: str) -> None:
+        if is_control(key):
+            raise AccessDenied(f"/{key} is a read-only control entry of n5fs")
+        if self.read_only:
+            raise ReadOnly(f"read-only mount: cannot change /{key}")
+
+    def open(self, path: str, flags: int) -> int:
+        key = path_to_key(path)
+        if is_control(key):
+            if flags & (_WRITE_FLAGS | os.O_TRUNC):
+                raise AccessDenied(f"{path} is a read-only control entry of n5fs")
+            control = self._control(key)  # its size changes between reads: no pages
+            return self.files.add_handle(
+                Handle(None, flags, control=control, page_cache=PageCache.BYPASS)
+            )
+        writing = bool(flags & (_WRITE_FLAGS | os.O_TRUNC))
+        if writing:
+            self.check_mutable(key)
+            self.reader.forget_pages(key)  # what it writes reaches the kernel's pages first
+        attr = self.view.lookup(key)
+        if attr is None:
+            if writing and key in self.refused:
+                # The kernel still holds the entry our refused create made; the caller's
+                # open(O_CREAT) arrives as open(): create it again.
+                return self.create(path, flags)
+            raise KeyNotFound(f"no such file or directory: {path}")
+        if attr.kind is EntryKind.DIR:
+            raise IsAPrefix(f"is a directory: {path}")
+        if not writing:
+            info = self.view.info(key)
+            listed = stamp_of(info) if info is not None else (attr.size, attr.mtime)
+            return self.files.add_handle(self.files.reading(key, flags, self.reader, listed))
+        base = self.committer.base_of(key)
+        node = self.files.acquire_locked(key)
+        try:
+            if not node.pending:
+                node.base = base  # the version a metadata commit compares with
+            if not flags & os.O_TRUNC:
+                return self.files.add_handle(Handle(node, flags))
+            self.files.empty(node)
+            node.dirty = True
+        finally:
+            node.lock.release()
+        return self.files.add_handle(Handle(node, flags))
+
+    def page_cache(self, fh: int) -> PageCache:
+        """What the kernel does with the pages it caches of the file at this open: keeps them
+        when the file is the version they came from and this mount changed nothing since;
+        reads around them while another handle reads an older version of the file (it may
+        fill them with its bytes); else drops them."""
+        return self.files.handle(fh).page_cache
+
+    def create(self, path: str, flags: int = os.O_WRONLY) -> int:
+        """A new file (parents are implied, as keys imply prefixes; the kernel has checked
+        them on a mount). The name's node is locked while its existence is decided, so two
+        exclusive creates of one name cannot both succeed."""
+        key = path_to_key(path)
+        self.check_mutable(key)
+        self.reader.forget_pages(key)
+        node = self.files.acquire_locked(key)
+        try:
+            self._start_new(node, path, flags)
+        except BaseException:
+            node.lock.release()
+            self.files.release(node)
+            raise
+        node.lock.release()
+        return self.files.add_handle(Handle(node, flags))
+
+    def _start_new(self, node: Node, path: str, flags: int) -> None:
+        """Stage ``node`` for ``create`` (caller holds its lock)."""
+        attr = self.view.lookup(node.key)
+        if attr is not None and flags & os.O_EXCL:
+            raise KeyExists(f"file exists: {path}")
+        if attr is not None and attr.kind is EntryKind.DIR:
+            raise IsAPrefix(f"is a directory: {path}")
+        if attr is None:
+            self.check_ancestors(node.key)
+            node.stored = False
+        if not node.pending:
+            node.base = self.committer.base_of(node.key)
+        node.unlinked = False
+        if attr is None or flags & os.O_TRUNC:
+            self.files.empty(node)
+        else:
+            self.files.staged(node, attr.size)
+        node.dirty = True
+
+    def check_ancestors(self, key: str) -> None:
+        """No file may sit where a new key needs a directory (ENOTDIR, as POSIX says)."""
+        folder = parent(key)
+        while folder:
+            attr = self.view.lookup(folder)
+            if attr is None:
+                folder = parent(folder)
+                continue
+            if attr.kind is not EntryKind.DIR:
+                raise NotAPrefix(f"not a directory: /{folder}")
+            return
+
+    def _stored_size(self, node: Node) -> int | None:
+        info = self.view.info(node.key) if node.stored else None
+        return info.size if info is not None else None
+
+    def read(self, fh: int, size: int, offset: int) -> bytes:
+        handle = self.files.handle(fh)
+        node, local = handle.node, handle.local
+        if local is not None and node is not None and node.staged is None:
+            return self.reader.read_local(local, size, offset)  # the hot path: one pread
+        if handle.control is not None:
+            return handle.control[offset : offset + size]
+        assert node is not None
+        with node.lock:
+            if node.staged is not None:
+                return node.staged.read(size, offset)
+            key = node.key
+        info = self.view.info(key)
+        total, version = (info.size, version_of(info)) if info else (None, None)
+        chunk, handle.window = self.reader.read(handle.window, key, size, offset, total, version)
+        return chunk
+
+    def read_fd(self, fh: int, size: int, offset: int) -> int | None:
+        """The descriptor a read of ``size`` bytes at ``offset`` may be served from directly
+        (the FUSE front hands it to libfuse, which reads it in C), None when the read
+        must go through :meth:`read` (staged content, a store without local files)."""
+        handle = self.files.handle(fh)
+        node, local = handle.node, handle.local
+        if local is None or node is None or node.staged is not None:
+            return None
+        self.reader.count_local(local, size, offset)
+        return local.fd
+
+    def write(self, fh: int, data: bytes, offset: int) -> int:
+        node = self.files.handle(fh).node
+        if node is None:
+            raise AccessDenied("control entries are read-only")
+        self.check_mutable(node.key)
+        with node.lock:
+            staged = self.files.staged(node, self._stored_size(node))
+            prechecks = self.committer.prechecks
+            if not offset and not staged.size and prechecks is not None:
+                prechecks.start(node.key, staged)  # a chunk written from 0: check as it comes
+            written = staged.write(data, offset)
+            node.dirty = node.written = True
+        return written
+
+    def truncate(self, path: str, length: int, fh: int | None = None) -> None:
+        """With a handle, or while a writer holds unflushed data: staged, committed at its
+        flush. Otherwise (``truncate(1)``): committed now, like any other change."""
+        key = path_to_key(path)
+        self.check_mutable(key)
+        if fh is not None:
+            node = self.files.handle(fh).node
+            if node is None:
+                raise AccessDenied(f"{path} is a read-only control entry of n5fs")
+            with node.lock:
+                self.files.staged(node, self._stored_size(node)).truncate(length)
+                node.dirty = node.written = True
+            return
+        if self.view.stat(key).kind is not EntryKind.FILE:
+            raise IsAPrefix(f"is a directory: {path}")
+        with self.files.pinned(key) as (node,):
+            self.files.staged(node, self._stored_size(node)).truncate(length)
+            deferred = node.dirty and node.refs > 1  # a writer's flush commits it
+            node.dirty = node.written = True
+            if not deferred:
+                self._commit(node)
+
+    def _commit(self, node: Node) -> None:
+        """Commit the node (caller holds its lock), remembering refused new names."""
+        new = not node.stored
+        try:
+            self.committer.commit_node(node)
+        except Rejected:
+            if new:
+                self.refused.remember(node.key)
+            raise
+        self.refused.forget(node.key)
+
+    def flush(self, fh: int) -> None:
+        node = self.files.handle(fh).node
+        if node is None:
+            return
+        with node.lock:
+            if not node.dirty or node.unlinked:
+                return
+            if not node.stored and not node.written:
+                # Created and not written yet: `cmd > file` flushes the empty file when the
+                # shell closes its first descriptor. Judge it at release, or at the first
+                # flush after a write.
+                return
+            self._commit(node)
+
+    def fsync(self, fh: int) -> None:
+        self.flush(fh)
+        self._store.flush()
+
+    def release(self, fh: int) -> None:
+        handle = self.files.pop_handle(fh)
+        if handle is None or handle.node is None:
+            return
+        node = handle.node
+        try:
+            with node.lock:
+                if node.dirty and not node.unlinked and node.refs == 1:
+                    self._commit(node)  # the kernel always flushes first; this is a safety net
+        except Rejected:
+            pass  # recorded by the committer; release() cannot report it
+        finally:
+            self.files.release(node)
+
+    def utimens(self, path: str, mtime: float) -> None:
+        """A file's modification time (``touch -d``, ``cp -a``, ``rsync -a``): kept with staged
+        content until its commit, else stored now. Folders and links keep none."""
+        key = path_to_key(path)
+        self.check_mutable(key)
+        if self.view.stat(key).kind is not EntryKind.FILE:
+            return
+        with self.files.pinned(key) as (node,):
+            if node.pending:
+                node.mtime = mtime
+                return
+            info = self.view.info(key)
+            if info is not None:
+                self.committer.set_mtime(key, mtime, info.size)
