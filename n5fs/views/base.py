@@ -33,6 +33,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from n5fs.errors import IsAPrefix, KeyExists, KeyNotFound, NotAPrefix, ReadOnly
+from n5fs.gateway.filecalls import read_whole
 from n5fs.gateway.namespace import CONTROL, Attr, EntryKind, is_control, path_to_key
 from n5fs.gateway.reader import PageCache
 from n5fs.views.writes import ViewWrites
@@ -352,14 +353,8 @@ class View:
     # -- convenience for tests and notebooks -----------------------------------------------------
 
     def read_file(self, path: str) -> bytes:
-        fh = self.open(path, os.O_RDONLY)
-        try:
-            out = bytearray()
-            while chunk := self.read(fh, 1 << 20, len(out)):
-                out += chunk
-            return bytes(out)
-        finally:
-            self.release(fh)
+        """open + read + release through the view, as ``cat`` does."""
+        return read_whole(self, path)
 
 
 def _writes_for(gateway: Gateway, tree: ViewTree) -> ViewWrites | None:
