@@ -7,23 +7,8 @@ reader never sees a torn value. Every multipart upload is journaled, so one that
 process left is aborted by a later :meth:`S3Store.sweep` (:mod:`n5fs.kvstore.s3_uploads`).
 Errors are translated once, by :func:`~n5fs.kvstore.s3_errors.translate`.
 
-Timeouts. An endpoint that accepts connections but never answers must cost a POSIX call an
-EIO, not a hang: one FUSE call may make two S3 requests one after the other (a LIST, then a
-batch of parallel GETs), and should answer within 30 s, so one request gets at most ~12 s
-with its retries. The defaults (:class:`~n5fs.kvstore.spec.S3Spec`): connect 2 s (a TCP
-handshake takes milliseconds; 2 s still covers one lost SYN, retransmitted after 1 s), read
-4 s (the longest S3 keeps a client waiting between two bytes of an answer is well under that;
-AWS even sends whitespace while a long CopyObject or CompleteMultipartUpload runs), and one
-retry: 2 attempts x (2 s + 4 s) + the retry's backoff (under 0.1 s for anything but
-throttling) = ~12 s. The read timeout bounds each wait on the socket, not a transfer: a GET
-of many megabytes that keeps streaming never times out. A server that stays silent longer
-during a large copy needs a larger ``read_timeout``; a slow link, a larger
-``connect_timeout``; a flaky one, more ``max_retries`` (flags ``--s3-connect-timeout``,
-``--s3-read-timeout``, ``--s3-retries``). DNS lookups are not bounded by these timeouts.
-A POSIX call that would make several requests one after another (a lookup per path
-component) does not pay this budget for each: once one request has timed out,
-:class:`~n5fs.kvstore.s3_errors.SilentEndpoint` fails the next 10 s of requests at once, so
-the call answers EIO about 8 s after the endpoint went silent (measured through a mount).
+Timeouts, retries and addressing are the client's (:mod:`~n5fs.kvstore.s3_client`): a silent
+endpoint costs a POSIX call an EIO within about 12 s, never a hang.
 
 Timestamps. :meth:`S3Store.set_mtime` stores the time as user metadata ``x-amz-meta-mtime``
 (seconds with nine decimals, ``1700000000.250000000``: rclone writes and reads it so, and
@@ -57,17 +42,14 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import boto3
 from boto3.exceptions import S3UploadFailedError
-from boto3.s3.transfer import TransferConfig
-from botocore import UNSIGNED
 from botocore import exceptions as bce
-from botocore.config import Config
 
 from n5fs.errors import InvalidSource, KeyNotFound, N5fsError, NotSupported
 from n5fs.kvstore import s3_conditional, s3_uploads
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned, slice_bytes
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix
+from n5fs.kvstore.s3_client import checksum_args, client_for, transfer_config
 from n5fs.kvstore.s3_errors import (
     ABSENT,
     EMPTY_RANGE,
@@ -77,12 +59,14 @@ from n5fs.kvstore.s3_errors import (
     unwrapped,
 )
 from n5fs.kvstore.s3_headers import copy_args, mtime_of
+from n5fs.kvstore.s3_leftovers import S3Leftovers
 from n5fs.kvstore.s3_uploads import Upload, UploadJournal
 from n5fs.kvstore.spec import S3Spec
-from n5fs.kvstore.tempnames import Leftover, Liveness, liveness
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+
+    from n5fs.kvstore.tempnames import Leftover
 
 log = logging.getLogger(__name__)
 
@@ -97,42 +81,10 @@ _DELETE_BATCH = 1000
 #: keys per request of a :meth:`S3Store.walk` (S3's cap, asked for explicitly so that an
 #: S3-compatible server with a larger default keeps to it: the gateway relies on it)
 WALK_PAGE = 1000
-_TRANSFER_THREADS = 8
 
 __all__ = ["MiB", "S3Store", "error_code", "translate"]
 
 # -- the store -------------------------------------------------------------------------------
-
-
-def _custom_endpoint(spec: S3Spec) -> bool:
-    """S3-compatible servers (MinIO, Ceph, moto) rarely resolve ``bucket.host``: use paths."""
-    return bool(
-        spec.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    )
-
-
-def _client_for(spec: S3Spec, max_workers: int) -> Any:
-    """A thread-safe boto3 client: the spec's endpoint, region, profile, credentials,
-    timeouts and retries (module docstring).
-
-    Its connection pool has room for the store's workers plus one transfer (``put_file``,
-    managed copy), so neither waits on a socket held by the other.
-    """
-    config = Config(
-        retries={"total_max_attempts": spec.max_attempts, "mode": "standard"},
-        connect_timeout=spec.connect_timeout,
-        read_timeout=spec.read_timeout,
-        max_pool_connections=max_workers + _TRANSFER_THREADS,
-        s3={"addressing_style": "path"} if _custom_endpoint(spec) else {},
-        signature_version=UNSIGNED if spec.anonymous else None,
-    )
-    try:
-        session = boto3.Session(profile_name=spec.profile)
-        return session.client(
-            "s3", endpoint_url=spec.endpoint, region_name=spec.aws_region, config=config
-        )
-    except (bce.BotoCoreError, ValueError) as exc:
-        raise InvalidSource(f"cannot set up s3 access for {spec.to_url()}: {exc}") from exc
 
 
 class S3Store(KvStore):
@@ -159,7 +111,7 @@ class S3Store(KvStore):
             raise InvalidSource(f"S3 parts are at least 5 MiB, got part_size={part_size}")
         self._spec = spec
         self._prefix = dir_prefix(spec.path) if spec.path else ""
-        self._client = _client_for(spec, max_workers)
+        self._client = client_for(spec, max_workers)
         SilentEndpoint(self.where).attach(self._client)
         self._max_workers = max_workers
         self._threshold = multipart_threshold
@@ -168,10 +120,16 @@ class S3Store(KvStore):
         self._payer: dict[str, str] = {"RequestPayer": "requester"} if spec.requester_pays else {}
         self._pool_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._journal = UploadJournal()
-        s3_uploads.watch_uploads(self._client, self._journal)
-        #: the uploads behind each leftover reported (remove_leftover aborts them)
-        self._reported: dict[Leftover, list[Upload]] = {}
+        journal = UploadJournal()
+        s3_uploads.watch_uploads(self._client, journal)
+        self._leftovers = S3Leftovers(
+            spec.bucket,
+            self._prefix,
+            journal,
+            objects=lambda prefix: self._pages(prefix, None),
+            uploads=self._uploads_under,
+            abort=self._abort,
+        )
 
     @classmethod
     def from_spec(cls, spec: S3Spec) -> S3Store:
@@ -364,7 +322,7 @@ class S3Store(KvStore):
             full,
             memoryview(value).cast("B"),
             self._part_size,
-            self._checksum(),
+            checksum_args(self._client),
             **condition,
         )
 
@@ -388,18 +346,6 @@ class S3Store(KvStore):
         """Ask the endpoint (:func:`~n5fs.kvstore.s3_conditional.probe`); never raises."""
         return s3_conditional.probe(self)
 
-    def _checksum(self) -> dict[str, str]:
-        """Mirror s3transfer: with default flexible checksums, parts carry a CRC32."""
-        when = getattr(self._client.meta.config, "request_checksum_calculation", None)
-        return {"ChecksumAlgorithm": "CRC32"} if when == "when_supported" else {}
-
-    def _transfer_config(self) -> TransferConfig:
-        return TransferConfig(
-            multipart_threshold=self._threshold,
-            multipart_chunksize=self._part_size,
-            max_concurrency=_TRANSFER_THREADS,
-        )
-
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Stream a local file up; boto3 goes multipart above the threshold (and aborts on
         failure), reading one part per worker at a time, so memory stays bounded."""
@@ -411,7 +357,7 @@ class S3Store(KvStore):
                 self._spec.bucket,
                 full,
                 ExtraArgs=dict(self._payer) or None,
-                Config=self._transfer_config(),
+                Config=transfer_config(self._threshold, self._part_size),
             )
 
     def delete(self, key: str) -> None:
@@ -463,7 +409,7 @@ class S3Store(KvStore):
             self._spec.bucket,
             target,
             ExtraArgs={**self._payer, **args},
-            Config=self._transfer_config(),
+            Config=transfer_config(self._threshold, self._part_size),
         )
 
     def delete_prefix(self, prefix: str) -> int:
@@ -507,42 +453,22 @@ class S3Store(KvStore):
     # -- leftovers of killed writers: multipart uploads ------------------------------------
 
     def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
-        """The incomplete multipart uploads under ``prefix`` (``dead`` as
-        :func:`~n5fs.kvstore.s3_uploads.upload_is_dead` decides), and the scratch objects of
-        interrupted probes (:mod:`~n5fs.kvstore.s3_conditional`)."""
-        found = self._scan_uploads(prefix)[0] + self._scratch_objects(prefix)
-        return tuple(sorted(found, key=lambda lo: (lo.path, lo.mtime)))
+        """Incomplete multipart uploads and probe scratch objects (:mod:`~n5fs.kvstore.s3_leftovers`)."""
+        return self._leftovers.find(prefix)
 
-    def _scratch_objects(self, prefix: str) -> tuple[Leftover, ...]:
-        """Probe scratch objects under ``prefix``: one LIST, at the root only."""
-        start = s3_conditional.SCRATCH_START
-        if not start.startswith(check_prefix(prefix)):
-            return ()
-        found = []
-        for page in self._pages(start, None):
-            for obj in page.get("Contents", ()):
-                rel = obj["Key"][len(self._prefix) :]
-                mtime = obj["LastModified"].timestamp()
-                leftover = s3_conditional.scratch_leftover(rel, int(obj["Size"]), mtime)
-                if leftover is not None:
-                    found.append(leftover)
-        return tuple(found)
+    def remove_leftover(self, leftover: Leftover) -> None:
+        """Abort the upload(s) behind ``leftover``, and drop them from dead writers' journals;
+        delete a probe's scratch object."""
+        self._check_writable(leftover.path or "/")
+        if leftover.what == s3_conditional.SCRATCH_WHAT:
+            self.delete(leftover.path)
+            return
+        self._leftovers.abort(leftover)
 
-    def _scan_uploads(self, prefix: str) -> tuple[tuple[Leftover, ...], frozenset[Upload]]:
-        """The leftovers under ``prefix``, and every upload the server listed there."""
-        check_prefix(prefix)
-        owners = s3_uploads.owners_of(self._journal.writers())
-        found: dict[Leftover, list[Upload]] = {}
-        present: list[Upload] = []
-        for item in self._uploads_under(self._prefix + prefix):
-            upload = Upload(self._spec.bucket, item["Key"], item["UploadId"])
-            present.append(upload)
-            path = upload.key[len(self._prefix) :]
-            leftover = s3_uploads.leftover_of(upload, item["Initiated"].timestamp(), path, owners)
-            found.setdefault(leftover, []).append(upload)
-        with self._pool_lock:
-            self._reported.update(found)
-        return tuple(sorted(found, key=lambda lo: (lo.path, lo.mtime))), frozenset(present)
+    def sweep(self, prefix: str = "") -> tuple[Leftover, ...]:
+        """Abort the uploads of dead writers under ``prefix``; then drop the journal lines of
+        dead writers whose uploads under ``prefix`` are gone from the server."""
+        return self._leftovers.sweep(prefix, self.remove_leftover)
 
     def _uploads_under(self, full_prefix: str) -> Iterator[dict[str, Any]]:
         """ListMultipartUploads, page by page; nothing where the server has no such call."""
@@ -555,54 +481,14 @@ class S3Store(KvStore):
         except NotSupported as exc:
             log.debug("s3: cannot list multipart uploads in %s: %s", self.where, exc)
 
-    def remove_leftover(self, leftover: Leftover) -> None:
-        """Abort the upload(s) behind ``leftover``, and drop them from dead writers' journals;
-        delete a probe's scratch object."""
-        self._check_writable(leftover.path or "/")
-        if leftover.what == s3_conditional.SCRATCH_WHAT:
-            self.delete(leftover.path)
-            return
-        with self._pool_lock:
-            uploads = self._reported.pop(leftover, None)
-        if uploads is None:  # reported by another store object: find it again
-            full = self._prefix + leftover.path
-            uploads = [
-                Upload(self._spec.bucket, item["Key"], item["UploadId"])
-                for item in self._uploads_under(full)
-                if item["Key"] == full and item["Initiated"].timestamp() == leftover.mtime
-            ]
-        for upload in uploads:
-            with self._errors(leftover.path):
-                try:
-                    self._call("abort_multipart_upload", Key=upload.key, UploadId=upload.upload_id)
-                except bce.ClientError as exc:
-                    if error_code(exc) not in ("NoSuchUpload", "404"):
-                        raise
-        self._prune_journals(lambda upload: upload in uploads)
-
-    def sweep(self, prefix: str = "") -> tuple[Leftover, ...]:
-        """Abort the uploads of dead writers under ``prefix``; then drop the journal lines of
-        dead writers whose uploads under ``prefix`` are gone from the server."""
-        leftovers, present = self._scan_uploads(prefix)
-        removed = []
-        for leftover in leftovers + self._scratch_objects(prefix):
-            if leftover.dead:
-                self.remove_leftover(leftover)
-                removed.append(leftover)
-        under = self._prefix + prefix
-        self._prune_journals(
-            lambda up: (
-                up.bucket == self._spec.bucket and up.key.startswith(under) and up not in present
-            )
-        )
-        return tuple(removed)
-
-    def _prune_journals(self, gone: Callable[[Upload], bool]) -> None:
-        """Drop the uploads ``gone`` accepts from the journals of dead writers."""
-        for writer, uploads in self._journal.writers().items():
-            stale = {upload for upload in uploads if gone(upload)}
-            if stale and liveness(writer) is Liveness.DEAD:
-                self._journal.drop(writer, stale)
+    def _abort(self, upload: Upload, key: str) -> None:
+        """Abort one multipart upload; one that is gone already is fine."""
+        with self._errors(key):
+            try:
+                self._call("abort_multipart_upload", Key=upload.key, UploadId=upload.upload_id)
+            except bce.ClientError as exc:
+                if error_code(exc) not in ("NoSuchUpload", "404"):
+                    raise
 
     def close(self) -> None:
         with self._pool_lock:

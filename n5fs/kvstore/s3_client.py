@@ -1,0 +1,95 @@
+"""The boto3 client of an S3 store: endpoint and addressing, region, profile, credentials
+(or none, for public buckets), timeouts, retries, the connection pool, and the transfer
+settings of boto3's managed uploads and copies.
+
+Why apart from :mod:`~n5fs.kvstore.s3`: the store decides what to ask S3; this module decides
+how a request travels, and those settings carry reasons of their own (below) that change with
+endpoints and networks, not with the store's semantics.
+
+Timeouts. An endpoint that accepts connections but never answers must cost a POSIX call an
+EIO, not a hang: one FUSE call may make two S3 requests one after the other (a LIST, then a
+batch of parallel GETs), and should answer within 30 s, so one request gets at most ~12 s
+with its retries. The defaults (:class:`~n5fs.kvstore.spec.S3Spec`): connect 2 s (a TCP
+handshake takes milliseconds; 2 s still covers one lost SYN, retransmitted after 1 s), read
+4 s (the longest S3 keeps a client waiting between two bytes of an answer is well under that;
+AWS even sends whitespace while a long CopyObject or CompleteMultipartUpload runs), and one
+retry: 2 attempts x (2 s + 4 s) + the retry's backoff (under 0.1 s for anything but
+throttling) = ~12 s. The read timeout bounds each wait on the socket, not a transfer: a GET
+of many megabytes that keeps streaming never times out. A server that stays silent longer
+during a large copy needs a larger ``read_timeout``; a slow link, a larger
+``connect_timeout``; a flaky one, more ``max_retries`` (flags ``--s3-connect-timeout``,
+``--s3-read-timeout``, ``--s3-retries``). DNS lookups are not bounded by these timeouts.
+A POSIX call that would make several requests one after another (a lookup per path
+component) does not pay this budget for each: once one request has timed out,
+:class:`~n5fs.kvstore.s3_errors.SilentEndpoint` fails the next 10 s of requests at once, so
+the call answers EIO about 8 s after the endpoint went silent (measured through a mount).
+
+Stateless: functions of the spec; a client is thread-safe and belongs to its store.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore import UNSIGNED
+from botocore import exceptions as bce
+from botocore.config import Config
+
+from n5fs.errors import InvalidSource
+
+if TYPE_CHECKING:
+    from n5fs.kvstore.spec import S3Spec
+
+__all__ = ["TRANSFER_THREADS", "checksum_args", "client_for", "transfer_config"]
+
+#: threads of one managed transfer (``put_file``, a multipart copy)
+TRANSFER_THREADS = 8
+
+
+def custom_endpoint(spec: S3Spec) -> bool:
+    """S3-compatible servers (MinIO, Ceph, moto) rarely resolve ``bucket.host``: use paths."""
+    return bool(
+        spec.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    )
+
+
+def client_for(spec: S3Spec, max_workers: int) -> Any:
+    """A thread-safe boto3 client: the spec's endpoint, region, profile, credentials,
+    timeouts and retries (module docstring).
+
+    Its connection pool has room for the store's workers plus one transfer (``put_file``,
+    managed copy), so neither waits on a socket held by the other.
+    """
+    config = Config(
+        retries={"total_max_attempts": spec.max_attempts, "mode": "standard"},
+        connect_timeout=spec.connect_timeout,
+        read_timeout=spec.read_timeout,
+        max_pool_connections=max_workers + TRANSFER_THREADS,
+        s3={"addressing_style": "path"} if custom_endpoint(spec) else {},
+        signature_version=UNSIGNED if spec.anonymous else None,
+    )
+    try:
+        session = boto3.Session(profile_name=spec.profile)
+        return session.client(
+            "s3", endpoint_url=spec.endpoint, region_name=spec.aws_region, config=config
+        )
+    except (bce.BotoCoreError, ValueError) as exc:
+        raise InvalidSource(f"cannot set up s3 access for {spec.to_url()}: {exc}") from exc
+
+
+def checksum_args(client: Any) -> dict[str, str]:
+    """Mirror s3transfer: with default flexible checksums, parts carry a CRC32."""
+    when = getattr(client.meta.config, "request_checksum_calculation", None)
+    return {"ChecksumAlgorithm": "CRC32"} if when == "when_supported" else {}
+
+
+def transfer_config(threshold: int, part_size: int) -> TransferConfig:
+    """boto3's managed transfers: multipart above ``threshold``, in parts of ``part_size``."""
+    return TransferConfig(
+        multipart_threshold=threshold,
+        multipart_chunksize=part_size,
+        max_concurrency=TRANSFER_THREADS,
+    )
