@@ -13,9 +13,10 @@ upload belongs to which writer comes from the local journals
 once its upload is gone from the server. The store hands in its requests as callables
 (list objects, list uploads, abort one), so nothing here speaks boto3.
 
-State and locks: the uploads behind each leftover reported (``_reported``; ``remove`` aborts
-exactly those, even when two uploads of one key began in the same second), guarded by
-``_lock``, a leaf lock held for table work only, never around a request.
+State and locks: the uploads behind each leftover reported (``_reported``: :meth:`S3Leftovers.
+abort` aborts the very uploads that were listed; one leftover stands for every upload of its
+key begun in the same second), guarded by ``_lock``, a leaf lock held for table work only,
+never around a request.
 """
 
 from __future__ import annotations
