@@ -7,12 +7,15 @@ only ``stat`` (a HEAD) shows the time ``set_mtime`` kept."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.kvstore.base import KeyInfo, Listing
 from n5fs.kvstore.memory import MemoryStore
+from n5fs.kvstore.s3 import S3Store
+from n5fs.kvstore.spec import S3Spec
 from n5fs.kvstore.wrappers import ForwardingStore
 
 KEPT = 1_000_000_000.0  # 2001-09-09: what `touch -d` or `rsync -a` set
@@ -91,3 +94,32 @@ def test_rsync_into_a_read_write_mount_sees_the_times_it_set(store: ListsLikeS3)
 def test_an_unknown_mtime_source_is_refused() -> None:
     with pytest.raises(ValueError, match="mtime must be one of kept, listing"):
         Gateway(MemoryStore(), GatewayConfig(mtime="ctime"))
+
+
+@pytest.mark.s3
+def test_cp_a_onto_s3_sends_the_time_with_the_put(s3_server: Any, s3_bucket: str) -> None:
+    """``cp -a`` writes, sets the time on the open file, then closes: one PUT carries the
+    content and the time (no HEAD and no copy of the object after it); a time set after
+    ``close()`` (``touch``, ``tar``) still takes the copy onto itself."""
+    store = S3Store(S3Spec(bucket=s3_bucket, path="m/", endpoint=s3_server.endpoint))
+    gw = Gateway(store, GatewayConfig())
+    made: list[str] = []
+    store.client.meta.events.register(
+        "before-call.s3.*", lambda model, **_: made.append(model.name)
+    )
+    fh = gw.create("/copied")
+    gw.write(fh, b"chunk bytes", 0)
+    gw.utimens("/copied", KEPT)
+    gw.flush(fh)
+    gw.release(fh)
+    assert made.count("PutObject") == 1
+    assert "CopyObject" not in made
+    assert "HeadObject" not in made
+    gw.utimens("/copied", KEPT + 5)  # after close: the copy onto itself
+    assert "CopyObject" in made
+    gw.drop_caches()
+    assert gw.stat("/copied").mtime == KEPT + 5
+    info = store.stat("copied")
+    assert info is not None
+    assert (info.size, info.mtime) == (11, KEPT + 5)
+    store.close()

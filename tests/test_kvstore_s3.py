@@ -493,3 +493,37 @@ def test_managed_copy_and_set_mtime_keep_metadata(spec: S3Spec, client: Any) -> 
     with pytest.raises(KeyNotFound):
         store.set_mtime("absent", T)
     store.close()
+
+
+def _operations(store: S3Store) -> list[str]:
+    """The names of the requests the store's client makes from now on."""
+    made: list[str] = []
+    store.client.meta.events.register(
+        "before-call.s3.*", lambda model, **_: made.append(model.name)
+    )
+    return made
+
+
+@pytest.mark.parametrize("size", [4, 11 * MiB], ids=["one PUT", "multipart"])
+def test_set_with_mtime_carries_the_time_in_the_write(
+    spec: S3Spec, client: Any, tmp_path: Path, size: int
+) -> None:
+    """``cp -a`` sets the time before ``close()``: it rides the PUT (or the multipart
+    upload's creation), with no HEAD and no copy of the object after it."""
+    store = S3Store(spec, multipart_threshold=5 * MiB, part_size=5 * MiB)
+    value = os.urandom(size)
+    made = _operations(store)
+    assert store.set_with_mtime("k", value, T)
+    assert "HeadObject" not in made
+    assert "CopyObject" not in made
+    assert ("PutObject" in made) == (size < 5 * MiB)
+    local = tmp_path / "staged"
+    local.write_bytes(value)
+    assert store.put_file_with_mtime("f", local, T + 1)
+    for key, when in (("k", T), ("f", T + 1)):
+        info = store.stat(key)
+        assert info is not None
+        assert (info.size, info.mtime) == (size, when)
+        assert _peek(client, spec.bucket, PREFIX + key) == value
+    assert "CopyObject" not in made
+    store.close()

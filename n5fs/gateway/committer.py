@@ -183,7 +183,9 @@ class Committer:
         with self.hold(key):
             try:
                 spilled = staged.spill_path()
-                version = self.write(key, load, staged.size, node.base, pre=pre, spilled=spilled)
+                version, mtime = self.write(
+                    key, load, staged.size, node.base, pre=pre, spilled=spilled, mtime=node.mtime
+                )
             except Rejected:
                 node.dirty = False
                 node.mtime = None  # it belonged to the refused content
@@ -191,7 +193,6 @@ class Committer:
                 staged.close()
                 node.staged = None
                 raise
-            mtime = self.keep_mtime(key, node.mtime)
             node.mtime = None
             node.base = version
             self.after_set(key, staged.size, None if spilled else load(), mtime, version)
@@ -216,26 +217,36 @@ class Committer:
         *,
         pre: Precheck | None = None,
         spilled: str | None = None,
-    ) -> str | None:
-        """Validate and store ``load()`` at ``key`` (caller holds the order for ``key``);
-        return the stored version where one is kept. A metadata commit compares ``base``
-        with the version it validates against and writes only if that is still current
+        mtime: float | None = None,
+    ) -> tuple[str | None, float | None]:
+        """Validate and store ``load()`` at ``key`` (caller holds the order for ``key``), with
+        the modification time ``mtime`` if one was set while it was staged (``cp -a`` sets it
+        before ``close()``: on S3 it then rides the PUT); return the stored version where one
+        is kept and the time where one was kept. A metadata commit compares ``base`` with the
+        version it validates against and writes only if that is still current
         (:class:`~n5fs.errors.StaleVersion` otherwise: recorded, the key's cached entries
         dropped)."""
         if not self.versioned(key):
             self.validate(key, load, size, pre)
+            if mtime is None:
+                if spilled is not None:
+                    self.store.put_file(key, spilled)
+                else:
+                    self.store.set(key, load())
+                return None, None
             if spilled is not None:
-                self.store.put_file(key, spilled)
+                kept = self.store.put_file_with_mtime(key, spilled, mtime)
             else:
-                self.store.set(key, load())
-            return None
+                kept = self.store.set_with_mtime(key, load(), mtime)
+            return None, mtime if kept else None
         try:
             current = self.conditional.current(key)
             if self.conditional.unchanged(key, base, current, load()):
                 assert current is not None
-                return current.version
+                return current.version, self.keep_mtime(key, mtime)
             self.validate(key, load, size, pre, None if current is None else current.data)
-            return self.conditional.put(key, load(), current)
+            version = self.conditional.put(key, load(), current)
+            return version, self.keep_mtime(key, mtime)
         except StaleVersion as exc:
             self._reject(key, exc, stored=False)
             self.forget(key)
@@ -275,7 +286,7 @@ class Committer:
 
     def store_bytes(self, key: str, data: bytes, base: str | None = None) -> None:
         """``commit_bytes`` for a caller that already holds the order for ``key``."""
-        version = self.write(key, lambda: data, len(data), base)
+        version, _ = self.write(key, lambda: data, len(data), base)
         self.after_set(key, len(data), data, None, version)
 
     def after_set(

@@ -91,7 +91,7 @@ class Renamer:
                     data = load()  # a compare-and-swap, not a server-side copy
                 version = None
                 if data is not None:
-                    version = self.committer.write(dst, load, len(data), base)
+                    version, _ = self.committer.write(dst, load, len(data), base)
                     if node.stored:
                         self.store.delete(src)
                     size = len(data)

@@ -213,6 +213,28 @@ class KvStore(abc.ABC):
 
         raise NotSupported(f"{type(self).__name__} keeps no modification times ({key!r})")
 
+    def set_with_mtime(self, key: str, value: bytes, mtime: float) -> bool:
+        """``set`` and ``set_mtime`` in one: a store that can carry the time with the value
+        overrides this (S3: the time rides the PUT as metadata, where setting it after costs
+        a HEAD and a copy of the object: ``cp -a`` sets it before ``close()``). False when
+        the store keeps no times (the value is stored either way)."""
+        self.set(key, value)
+        return self._mtime_kept(key, mtime)
+
+    def put_file_with_mtime(self, key: str, path: str | os.PathLike[str], mtime: float) -> bool:
+        """:meth:`put_file` and ``set_mtime`` in one (see :meth:`set_with_mtime`)."""
+        self.put_file(key, path)
+        return self._mtime_kept(key, mtime)
+
+    def _mtime_kept(self, key: str, mtime: float) -> bool:
+        from n5fs.errors import NotSupported
+
+        try:
+            self.set_mtime(key, mtime)
+        except NotSupported:
+            return False
+        return True
+
     def make_prefix(self, prefix: str) -> bool:
         """Persist an empty prefix (a directory) if the store can; False if it cannot."""
         return False

@@ -10,22 +10,16 @@ Errors are translated once, by :func:`~n5fs.kvstore.s3_errors.translate`.
 Timeouts, retries and addressing are the client's (:mod:`~n5fs.kvstore.s3_client`): a silent
 endpoint costs a POSIX call an EIO within about 12 s, never a hang.
 
-Timestamps. :meth:`S3Store.set_mtime` stores the time as user metadata ``x-amz-meta-mtime``
-(seconds with nine decimals, ``1700000000.250000000``: rclone writes and reads it so, and
-s3fs-fuse, which reads whole seconds with an optional ``.nanoseconds``, reads it too), by
-copying the object onto itself with new metadata. ``stat`` (HEAD) reports that time when
-the object carries one (whole seconds of s3fs-fuse, fractional ones of rclone), else
-LastModified; ``list`` reports LastModified, since a LIST carries no user metadata. ``copy``
-and so ``rename`` keep the source's time (and content type, cache and encoding headers, user
-metadata, storage class); object ACLs are not copied (the copy gets the bucket's default).
+Timestamps: user metadata ``x-amz-meta-mtime``, seconds with nine decimals (rclone's form;
+s3fs-fuse reads it too), which ``stat`` (HEAD) reports, else LastModified (``list`` always
+reports LastModified: a LIST carries no user metadata). :meth:`S3Store.set_with_mtime` sends
+it with the PUT; :meth:`S3Store.set_mtime` copies the object onto itself with it. ``copy``
+and ``rename`` keep the source's time, headers, user metadata and storage class (not ACLs).
 
-Conditional writes (many mounts of one bucket): :meth:`S3Store.set_if` sends ``If-Match``
-(``If-None-Match: *`` to create), on the PUT or on CompleteMultipartUpload; a refusal is
-VersionConflict (EAGAIN), never EIO and never retried. Versions are ETags, quoted as S3 gives
-them (listing, HEAD, GET and PUT answers alike) and compared as opaque strings. Whether the
-endpoint honours the headers is asked once by :meth:`S3Store.probe_conditional_writes`, with
-a hidden scratch object that a later ``sweep`` removes if the prober died
-(:mod:`n5fs.kvstore.s3_conditional`).
+Conditional writes (:meth:`S3Store.set_if`, :mod:`n5fs.kvstore.s3_conditional`): ``If-Match``
+(``If-None-Match: *`` to create) on the PUT or on CompleteMultipartUpload; a refusal is
+VersionConflict (EAGAIN), never EIO, never retried; versions are ETags compared as opaque
+strings; whether the endpoint honours them is probed once with a hidden scratch object.
 
 Limitations: S3 has no empty prefixes (a folder exists through its keys); objects whose
 names are not valid keys (``dir/`` console markers, ``a//b``, ``./x``) are invisible to
@@ -58,7 +52,7 @@ from n5fs.kvstore.s3_errors import (
     translate,
     unwrapped,
 )
-from n5fs.kvstore.s3_headers import copy_args, mtime_of
+from n5fs.kvstore.s3_headers import MTIME_META, copy_args, format_mtime, mtime_of
 from n5fs.kvstore.s3_leftovers import S3Leftovers
 from n5fs.kvstore.s3_uploads import Upload, UploadJournal
 from n5fs.kvstore.spec import S3Spec
@@ -83,6 +77,9 @@ _DELETE_BATCH = 1000
 WALK_PAGE = 1000
 
 __all__ = ["MiB", "S3Store", "error_code", "translate"]
+
+Meta = dict[str, str] | None  # user metadata
+Args = dict[str, Any]  # a request's parameters
 
 # -- the store -------------------------------------------------------------------------------
 
@@ -308,14 +305,19 @@ class S3Store(KvStore):
         with self._errors(key):
             self._put(self._full(key), value, {})
 
-    def _put(self, full: str, value: bytes, condition: dict[str, str]) -> dict[str, Any]:
+    def set_with_mtime(self, key: str, value: bytes, mtime: float) -> bool:
+        """One PUT carrying the time as metadata (no HEAD, no copy after it)."""
+        self._check_writable(key)
+        with self._errors(key):
+            self._put(self._full(key), value, {}, {MTIME_META: format_mtime(mtime)})
+        return True
+
+    def _put(self, full: str, value: bytes, condition: dict[str, str], meta: Meta = None) -> Any:
         """One PUT, or a multipart upload above the threshold (``condition`` on its
-        CompleteMultipartUpload); the answer of the request that made the object."""
+        CompleteMultipartUpload, ``meta`` user metadata); the answer that made the object."""
         if len(value) < self._threshold:
-            answer: dict[str, Any] = self._call(
-                "put_object", Key=full, Body=bytes(value), **condition
-            )
-            return answer
+            extra = {"Metadata": meta} if meta else {}
+            return self._call("put_object", Key=full, Body=bytes(value), **condition, **extra)
         return s3_uploads.upload_in_parts(
             self._call,
             self._executor(),
@@ -323,6 +325,7 @@ class S3Store(KvStore):
             memoryview(value).cast("B"),
             self._part_size,
             checksum_args(self._client),
+            metadata=meta,
             **condition,
         )
 
@@ -349,15 +352,19 @@ class S3Store(KvStore):
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Stream a local file up; boto3 goes multipart above the threshold (and aborts on
         failure), reading one part per worker at a time, so memory stays bounded."""
-        full = self._full(key)
+        self._upload(key, path, {})
+
+    def put_file_with_mtime(self, key: str, path: str | os.PathLike[str], mtime: float) -> bool:
+        self._upload(key, path, {"Metadata": {MTIME_META: format_mtime(mtime)}})
+        return True
+
+    def _upload(self, key: str, path: str | os.PathLike[str], extra: dict[str, Any]) -> None:
         self._check_writable(key)
+        config = transfer_config(self._threshold, self._part_size)
+        args = {**self._payer, **extra} or None
         with self._errors(key):
             self._client.upload_file(
-                os.fspath(path),
-                self._spec.bucket,
-                full,
-                ExtraArgs=dict(self._payer) or None,
-                Config=transfer_config(self._threshold, self._part_size),
+                os.fspath(path), self._spec.bucket, self._full(key), ExtraArgs=args, Config=config
             )
 
     def delete(self, key: str) -> None:
@@ -380,9 +387,8 @@ class S3Store(KvStore):
             self._copy(source, target, head, copy_args(head, mtime_of(head)))
 
     def set_mtime(self, key: str, mtime: float) -> None:
-        """Store ``mtime`` as the object's ``mtime`` metadata: a copy onto itself with the
-        metadata replaced (its other headers kept). If the object changes meanwhile, the
-        new value keeps its own time."""
+        """A copy onto itself with ``mtime`` metadata (other headers kept); an object that
+        changes meanwhile keeps its own time."""
         full = self._full(key)
         self._check_writable(key)
         head = self._head(key)
@@ -397,9 +403,7 @@ class S3Store(KvStore):
                     raise
                 log.debug("s3: %r changed while its time was set; it keeps its own", key)
 
-    def _copy(
-        self, source: str, target: str, head: Mapping[str, Any], args: dict[str, Any]
-    ) -> None:
+    def _copy(self, source: str, target: str, head: Args, args: Args) -> None:
         origin = {"Bucket": self._spec.bucket, "Key": source}
         if int(head["ContentLength"]) <= self._copy_limit:
             self._call("copy_object", Key=target, CopySource=origin, **args)
@@ -457,8 +461,7 @@ class S3Store(KvStore):
         return self._leftovers.find(prefix)
 
     def remove_leftover(self, leftover: Leftover) -> None:
-        """Abort the upload(s) behind ``leftover``, and drop them from dead writers' journals;
-        delete a probe's scratch object."""
+        """Abort the upload(s) behind ``leftover`` (journals pruned); delete a scratch object."""
         self._check_writable(leftover.path or "/")
         if leftover.what == s3_conditional.SCRATCH_WHAT:
             self.delete(leftover.path)
@@ -466,8 +469,7 @@ class S3Store(KvStore):
         self._leftovers.abort(leftover)
 
     def sweep(self, prefix: str = "") -> tuple[Leftover, ...]:
-        """Abort the uploads of dead writers under ``prefix``; then drop the journal lines of
-        dead writers whose uploads under ``prefix`` are gone from the server."""
+        """Abort dead writers' uploads under ``prefix``, then prune their journal lines."""
         return self._leftovers.sweep(prefix, self.remove_leftover)
 
     def _uploads_under(self, full_prefix: str) -> Iterator[dict[str, Any]]:

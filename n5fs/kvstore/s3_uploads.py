@@ -276,19 +276,23 @@ def upload_in_parts(
     data: memoryview,
     part_size: int,
     checksum: Mapping[str, str],
+    *,
+    metadata: Mapping[str, str] | None = None,
     **complete_args: str,
 ) -> dict[str, Any]:
     """Upload ``data`` as the object ``full`` in parts on ``pool``; complete only when all are
     in, else abort (and re-raise). ``call(method, **kwargs)`` adds bucket and payer;
     ``complete_args`` go to CompleteMultipartUpload (a condition: ``IfMatch``/``IfNoneMatch``,
-    which S3 checks there, so a refused one is aborted like any failure). Returns the answer
+    which S3 checks there, so a refused one is aborted like any failure); ``metadata`` goes to
+    CreateMultipartUpload (the object's user metadata). Returns the answer
     of CompleteMultipartUpload (its ``ETag``).
 
     Parts go in windows of :data:`PARTS_IN_FLIGHT`: botocore needs ``bytes`` bodies, so each
     part in flight is a copy, and the windows bound that extra memory.
     """
     size = max(part_size, -(-len(data) // MAX_PARTS))
-    upload = call("create_multipart_upload", Key=full, **checksum)["UploadId"]
+    meta = {"Metadata": dict(metadata)} if metadata else {}
+    upload = call("create_multipart_upload", Key=full, **checksum, **meta)["UploadId"]
 
     def put_part(number: int) -> dict[str, Any]:
         body = bytes(data[(number - 1) * size : number * size])

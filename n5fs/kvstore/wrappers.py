@@ -116,6 +116,12 @@ class ForwardingStore(KvStore):
     def set_mtime(self, key: str, mtime: float) -> None:
         self.inner.set_mtime(key, mtime)
 
+    def set_with_mtime(self, key: str, value: bytes, mtime: float) -> bool:
+        return self.inner.set_with_mtime(key, value, mtime)
+
+    def put_file_with_mtime(self, key: str, path: str | os.PathLike[str], mtime: float) -> bool:
+        return self.inner.put_file_with_mtime(key, path, mtime)
+
     def get_versioned(self, key: str) -> Versioned | None:
         return self.inner.get_versioned(key)
 
@@ -186,6 +192,12 @@ class ReadOnlyStore(ForwardingStore):
 
     def set_mtime(self, key: str, mtime: float) -> None:
         raise ReadOnly(f"read-only store: cannot change the time of {check_key(key)!r}")
+
+    def set_with_mtime(self, key: str, value: bytes, mtime: float) -> bool:
+        raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")
+
+    def put_file_with_mtime(self, key: str, path: str | os.PathLike[str], mtime: float) -> bool:
+        raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")
 
     def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
         raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")
@@ -322,6 +334,15 @@ class FaultyStore(ForwardingStore):
     def set_mtime(self, key: str, mtime: float) -> None:
         self._maybe_fail("set_mtime", key)
         super().set_mtime(key, mtime)
+
+    def set_with_mtime(self, key: str, value: bytes, mtime: float) -> bool:
+        """Fails as a ``set`` would (its value is what is at stake)."""
+        self._maybe_fail("set", key)
+        return super().set_with_mtime(key, value, mtime)
+
+    def put_file_with_mtime(self, key: str, path: str | os.PathLike[str], mtime: float) -> bool:
+        self._maybe_fail("put_file", key)
+        return super().put_file_with_mtime(key, path, mtime)
 
     def get_versioned(self, key: str) -> Versioned | None:
         self._maybe_fail("get_versioned", key)

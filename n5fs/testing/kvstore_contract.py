@@ -29,6 +29,7 @@ from n5fs.kvstore.wrappers import FaultyStore, ReadOnlyStore
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from pathlib import Path
 
 KEYS = ["a", "x/0.0", "n5/0/1/2", "sp ace/ü+%=", ".zarray", "deep/a/b/c/d/e/f/attributes.json"]
 BAD_KEYS = ["../x", "/abs", "a//b", "a/./b", "a/../b", "a\x00b", "", "a/"]
@@ -204,6 +205,23 @@ class KvStoreContract(abc.ABC):
             store.set_mtime("tm/absent", MTIME)
         with pytest.raises(ReadOnly):
             ReadOnlyStore(store).set_mtime("tm/k", MTIME)
+
+    def test_set_with_mtime_stores_value_and_time(self, store: KvStore, tmp_path: Path) -> None:
+        """One write with its time (``cp -a`` into a mount); a store keeping no times stores
+        the value and says so."""
+        kept = store.set_with_mtime("tm/w", b"with time", MTIME)
+        local = tmp_path / "staged"
+        local.write_bytes(b"from a file")
+        assert store.put_file_with_mtime("tm/f", local, MTIME + 60) is kept
+        store.flush()
+        assert self.peek(store, "tm/w") == b"with time"
+        assert self.peek(store, "tm/f") == b"from a file"
+        if not kept:
+            return
+        assert self._mtime(store, "tm/w") == pytest.approx(MTIME, abs=self.mtime_resolution)
+        assert self._mtime(store, "tm/f") == pytest.approx(MTIME + 60, abs=self.mtime_resolution)
+        with pytest.raises(ReadOnly):
+            ReadOnlyStore(store).set_with_mtime("tm/w", b"x", MTIME)
 
     def test_rename_keeps_mtime(self, store: KvStore) -> None:
         self.seed(store, "tm/src", b"moved")
