@@ -1,0 +1,217 @@
+"""Chunks checked while the store is still being listed: batches on a bounded pool.
+
+Why batches: a batch is one read pass (local files, or one ``store.get_many`` that a network
+store runs on its own pool) followed by the checks, so the cost of a future, a lock and a
+thread wake-up is paid per batch, not per chunk: for 16x16 chunks on a local disk that
+overhead was most of the time (scripts/bench_validate.py --store).
+
+Why while listing: the listing and the classification of keys run on the caller's thread;
+reads and decoders (zlib, zstd, blosc, lzma release the GIL) run on the workers, so on a
+machine with two cores both are busy, and on S3 the next listing page is in flight while
+chunks are fetched. Batches start small and grow with the number of chunks seen, so a small
+array still spreads over every worker and a large one pays little per chunk.
+
+Why local reads: where the store keeps a key in a local file (:meth:`KvStore.local_path`),
+a chunk is read with one ``open``/``read``/``close`` of the size the listing gave, instead of
+``get``'s full path resolution and buffered file object (three times the cost of the read
+itself for small chunks). A path that cannot be opened is asked of ``get``, which decides,
+as before, whether the key is there.
+
+Memory stays bounded: at most ``2 * jobs`` batches are submitted and not finished, each
+holding at most :data:`BATCH_BYTES` of chunk bytes (or one larger chunk) while it runs; the
+caller blocks in :meth:`ChunkChecker.add` until a slot is free.
+
+Lock discipline: batches are built and submitted by the caller's thread only (``_batch``,
+``_pending`` are not shared); workers touch shared state only through :meth:`Report.add` and
+``_count``, both under the report's lock.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from n5fs.errors import N5fsError, Rejected
+from n5fs.validate.report import Finding, finding
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from typing_extensions import Self
+
+    from n5fs.formats.base import ArrayNode
+    from n5fs.kvstore.base import KvStore
+    from n5fs.validate.report import Progress, Report
+
+#: a batch stops growing at this many stored bytes (or at one chunk, if that is larger): the
+#: per-batch overhead only matters for small chunks, and each worker holds one batch's bytes
+BATCH_BYTES = 4 << 20
+#: ... or at this many chunks
+BATCH_CHUNKS = 256
+#: batches hold at most (chunks seen so far) / (this * workers) chunks: early batches are
+#: small, so a few chunks still spread over all workers
+SPREAD = 4
+#: bytes asked of each further ``read`` of a file that grew since it was listed
+_READ_MORE = 1 << 16
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkJob:
+    """One listed chunk: the array that judges it, its key, grid position and stored size."""
+
+    array: ArrayNode
+    key: str
+    position: tuple[int, ...]
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkVerdict:
+    finding: Finding
+    #: the chunk could not be judged (store fault), as opposed to judged invalid
+    skipped: bool
+
+
+class ChunkChecker:
+    """Checks the chunks it is given on ``jobs`` worker threads; use as a context manager.
+
+    :meth:`add` and :meth:`finish` are called from one thread (the listing's)."""
+
+    def __init__(self, store: KvStore, report: Report, progress: Progress, jobs: int) -> None:
+        self.store = store
+        self.report = report
+        self.progress = progress
+        self.jobs = max(1, jobs)
+        self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="n5fs-validate")
+        self._pending: set[Future[None]] = set()
+        self._batch: list[ChunkJob] = []
+        self._batch_bytes = 0
+        self._seen = 0
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is not None:
+            for future in self._pending:
+                future.cancel()
+        self._pool.shutdown(wait=True)
+
+    def add(self, job: ChunkJob) -> None:
+        """Queue one chunk; submits a batch when it is full (blocking while the window is)."""
+        self._seen += 1
+        self.progress.total_chunks = self._seen
+        most = max(1, min(BATCH_CHUNKS, self._seen // (SPREAD * self.jobs)))
+        if self._batch and (len(self._batch) >= most or self._batch_bytes + job.size > BATCH_BYTES):
+            self._submit()
+        self._batch.append(job)
+        self._batch_bytes += job.size
+
+    def flush(self) -> None:
+        """Submit the chunks queued so far (the listing is over, or paused for long)."""
+        if self._batch:
+            self._submit()
+
+    def finish(self) -> None:
+        """Submit what is queued and wait for every batch; a worker's error is raised here."""
+        self.flush()
+        while self._pending:
+            done, self._pending = wait(self._pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()
+
+    def _submit(self) -> None:
+        batch, self._batch, self._batch_bytes = self._batch, [], 0
+        while len(self._pending) >= 2 * self.jobs:
+            done, self._pending = wait(self._pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                future.result()
+        self._pending.add(self._pool.submit(self._check_batch, batch))
+
+    # -- on the workers ------------------------------------------------------------------------
+
+    def _check_batch(self, batch: list[ChunkJob]) -> None:
+        fetched = self._fetch_batch(batch)
+        invalid: list[Finding] = []
+        skipped: list[Finding] = []
+        for job in batch:
+            verdict = judge(job, fetched.pop(job.key))
+            if verdict is not None:
+                (skipped if verdict.skipped else invalid).append(verdict.finding)
+        nbytes = sum(job.size for job in batch)
+        self.report.add_chunks(len(batch), nbytes, invalid, skipped, self.progress)
+
+    def _fetch_batch(self, batch: list[ChunkJob]) -> dict[str, bytes | N5fsError]:
+        """Local files read directly; the other keys with one ``get_many``, and if that fails
+        (one key's fault fails them all), each key alone, so only the faulty key is skipped."""
+        fetched: dict[str, bytes | N5fsError] = {}
+        remote: list[str] = []
+        for job in batch:
+            data = self._read_local(job)
+            if data is None:
+                remote.append(job.key)
+            else:
+                fetched[job.key] = data
+        if not remote:
+            return fetched
+        try:
+            got = self.store.get_many(remote)
+            fetched.update((key, _present(got.get(key))) for key in remote)
+        except N5fsError:
+            fetched.update((key, self._get_alone(key)) for key in remote)
+        return fetched
+
+    def _read_local(self, job: ChunkJob) -> bytes | None:
+        """The bytes of the chunk's local file; None when the store has none or it cannot be
+        read (``get`` decides then)."""
+        path = self.store.local_path(job.key)
+        if path is None:
+            return None
+        try:
+            fd = os.open(path, _OPEN_FLAGS)
+        except OSError:
+            return None
+        try:
+            data = os.read(fd, job.size + 1)
+            if len(data) <= job.size:
+                return data  # a short read of a regular file is its end
+            parts = [data, more := os.read(fd, _READ_MORE)]  # it grew since it was listed
+            while more:
+                more = os.read(fd, _READ_MORE)
+                parts.append(more)
+            return b"".join(parts)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def _get_alone(self, key: str) -> bytes | N5fsError:
+        try:
+            return _present(self.store.get(key))
+        except N5fsError as exc:
+            return exc
+
+
+def _present(data: bytes | None) -> bytes | N5fsError:
+    return N5fsError("vanished while validating") if data is None else data
+
+
+def judge(job: ChunkJob, data: bytes | N5fsError) -> ChunkVerdict | None:
+    """None for a valid chunk."""
+    if isinstance(data, N5fsError):
+        return ChunkVerdict(finding(job.key, data), skipped=True)
+    try:
+        job.array.validate_chunk(job.position, data, path=job.key)
+    except Rejected as exc:
+        return ChunkVerdict(finding(job.key, exc), skipped=False)
+    except N5fsError as exc:
+        return ChunkVerdict(finding(job.key, exc), skipped=True)
+    return None

@@ -1,0 +1,177 @@
+"""The fsck of chunked array stores: every metadata file and every chunk, checked in parallel.
+
+The caller's thread walks the folders, lists each array once (flat: its chunks may sit in
+sub-folders) and classifies every key; chunks go to :class:`~n5fs.validate.chunks.ChunkChecker`
+as they are listed, so reads and decoding on the workers overlap the listing. Only counters
+and findings grow with the store; chunk bytes stay within the checker's bounded window. Keys
+that are neither metadata nor chunks (README files, temp files of writers) are counted, not
+judged. A store fault on one key is reported as skipped, not fatal.
+
+What each key is comes from :mod:`n5fs.classify`, the classifier the mount's commits use, so
+``validate`` and the mount give one verdict per key: a key the mount would refuse is reported
+here, and a key it would store unjudged is counted as other. Consolidated documents are checked
+against the metadata stored below them (``stale-consolidated``).
+
+Findings are sorted by key when the run ends (:meth:`Report.settle`): the report does not
+depend on which worker finished first.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from n5fs.classify import Classifier, Verdict
+from n5fs.detect import Detector, Folder, FolderKind
+from n5fs.errors import N5fsError, Rejected
+from n5fs.formats.base import KeyKind
+from n5fs.formats.registry import CONSOLIDATIONS
+from n5fs.kvstore.spec import ZipSpec
+from n5fs.validate.chunks import ChunkChecker, ChunkJob
+from n5fs.validate.report import Finding, Progress, Report, finding
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from n5fs.kvstore.base import KeyInfo, KvStore
+    from n5fs.kvstore.spec import StoreSpec
+
+#: drivers whose reads are local; every other driver (s3, plugins) pays a round trip per read
+LOCAL_DRIVERS = frozenset({"file", "memory"})
+#: workers per CPU on a remote store (at least :data:`REMOTE_JOBS_MIN`): they mostly wait
+REMOTE_JOBS_PER_CPU = 2
+REMOTE_JOBS_MIN = 8
+
+
+def is_remote(spec: StoreSpec) -> bool:
+    """Does every read cross a network? A zip archive is as remote as the store holding it."""
+    while isinstance(spec, ZipSpec) and spec.base is not None:
+        spec = spec.base
+    return spec.driver not in LOCAL_DRIVERS
+
+
+def default_jobs(store: KvStore) -> int:
+    """CPUs for a local store (the work is decoding); more for a remote one, whose workers
+    mostly wait (a zip's reads, unlike S3's ``get_many``, are one round trip after another)."""
+    cpus = os.cpu_count() or 1
+    if is_remote(store.spec):
+        return max(REMOTE_JOBS_MIN, REMOTE_JOBS_PER_CPU * cpus)
+    return cpus
+
+
+class Validator:
+    """Checks one store. ``progress`` is updated as work proceeds, from worker threads.
+
+    ``jobs`` is the number of worker threads (default: :func:`default_jobs`). ``run`` is
+    called once, from one thread.
+    """
+
+    def __init__(self, store: KvStore, *, jobs: int | None = None) -> None:
+        self.store = store
+        self.detector = Detector(store)
+        self.classifier = Classifier(self.detector)
+        #: parsed metadata documents by key: what consolidated documents are checked against
+        self._documents: dict[str, Any] = {}
+        self.jobs = max(1, jobs or default_jobs(store))
+        self.progress = Progress()
+        self.report = Report()
+
+    def run(self, prefix: str = "") -> Report:
+        with ChunkChecker(self.store, self.report, self.progress, self.jobs) as chunks:
+            for folder in self.detector.walk(prefix, on_error=self._folder_failed):
+                self._check_folder(folder, chunks)
+            chunks.flush()
+            self.progress.listing_done = True
+            # Work of this thread that needs no chunk: done while the workers finish.
+            self._check_consolidated()
+            self._find_leftovers(prefix)
+            chunks.finish()
+        self.report.settle()
+        return self.report
+
+    def _find_leftovers(self, prefix: str) -> None:
+        try:
+            self.report.leftovers = list(self.store.leftovers(prefix))
+        except N5fsError as exc:
+            self.report.add(skipped=[Finding(prefix or "<root>", "leftovers", str(exc))])
+
+    # -- folders and metadata ----------------------------------------------------------------
+
+    def _folder_failed(self, prefix: str, exc: Exception) -> None:
+        # The folder's own metadata is broken (or formats clash): report it, keep walking.
+        key = getattr(exc, "path", "") or prefix or "<root>"
+        self.report.add(invalid=[finding(key, exc)])
+
+    def _check_folder(self, folder: Folder, chunks: ChunkChecker) -> None:
+        # An array's chunks may sit in sub-folders (N5, "/" separators): list it all, once,
+        # page by page where the store pages (chunks are checked while the next page comes).
+        if folder.kind is FolderKind.ARRAY:
+            infos = self.store.walk(folder.prefix)
+        else:
+            infos = iter(self.store.list(folder.prefix, delimiter="/").keys)
+        for info in infos:
+            self._classify(info, chunks)
+
+    def _classify(self, info: KeyInfo, chunks: ChunkChecker) -> None:
+        verdict = self.classifier.classify(info.key, lambda: self._fetch(info.key))
+        if verdict.kind is KeyKind.CHUNK:
+            assert verdict.array is not None
+            assert verdict.position is not None
+            chunks.add(ChunkJob(verdict.array, info.key, verdict.position, info.size))
+        elif verdict.kind is KeyKind.METADATA:
+            self._check_metadata(verdict)
+        elif verdict.kind is KeyKind.INVALID:
+            self.report.add(invalid=[Finding(info.key, verdict.rule, verdict.message)])
+        else:
+            self.report.other += 1
+
+    def _check_metadata(self, verdict: Verdict) -> None:
+        self.report.metadata += 1
+        try:
+            node = self.classifier.check(verdict, self._fetch(verdict.key))
+        except Rejected as exc:
+            self.report.add(invalid=[finding(verdict.key, exc)])
+        except N5fsError as exc:
+            self.report.add(skipped=[finding(verdict.key, exc)])
+        else:
+            if node is not None:
+                self._documents[verdict.key] = node.raw
+
+    def _check_consolidated(self) -> None:
+        """Every consolidated document against the metadata stored below it."""
+        for doc_key, doc in sorted(self._documents.items()):
+            folder = doc_key.rpartition("/")[0]
+            below = {
+                key[len(folder) + 1 if folder else 0 :]: value
+                for key, value in self._documents.items()
+                if not folder or key.startswith(folder + "/")
+            }
+            for consolidation in CONSOLIDATIONS:
+                stale = consolidation.stale_entries(doc_key, doc, below)
+                if stale:
+                    message = (
+                        "consolidated metadata disagrees with the stored metadata: "
+                        + "; ".join(stale[:5])
+                        + (f"; and {len(stale) - 5} more" if len(stale) > 5 else "")
+                    )
+                    self.report.add(invalid=[Finding(doc_key, "stale-consolidated", message)])
+
+    def _fetch(self, key: str) -> bytes:
+        data = self.store.get(key)
+        if data is None:
+            raise N5fsError("vanished while validating")
+        return data
+
+
+def validate_store(
+    store: KvStore,
+    prefix: str = "",
+    *,
+    jobs: int | None = None,
+    on_start: Callable[[Validator], None] | None = None,
+) -> Report:
+    """Validate everything under ``prefix``; ``on_start`` gets the validator (for progress)."""
+    validator = Validator(store, jobs=jobs)
+    if on_start is not None:
+        on_start(validator)
+    return validator.run(prefix)
