@@ -13,6 +13,7 @@ kvstore in the same run. The temp dir is removed at the end.
     python scripts/bench_validate.py [--side 64] [--chunks 8] [--rounds 7]
     python scripts/bench_validate.py --store [--n5-gib 1] [--zarr-chunks 50000] [--jobs N]
     python scripts/bench_validate.py --store --quick      # small smoke run
+    python scripts/bench_validate.py --store --stores file  # no moto server, no upload
 """
 
 from __future__ import annotations
@@ -348,7 +349,11 @@ def bench_stores(args: argparse.Namespace) -> None:
         rows = [
             bench_row("file", {"driver": "file", "path": str(root / d.folder)}, d, args)
             for d in datasets
+            if "file" in args.stores
         ]
+        if "s3" not in args.stores:
+            print_table(rows, args.rounds)
+            return
         with moto_server() as endpoint:
             bucket = f"bench-{uuid.uuid4().hex[:12]}"
             start = time.perf_counter()
@@ -383,6 +388,12 @@ def main() -> None:
         "--jobs", type=int, default=None, help="n5fs validate --jobs (default: its own)"
     )
     parser.add_argument("--quick", action="store_true", help="small store run (smoke test)")
+    parser.add_argument(
+        "--stores",
+        type=lambda text: set(text.split(",")),
+        default={"file", "s3"},
+        help="which stores to time, comma-separated (default: file,s3)",
+    )
     args = parser.parse_args()
     if not args.store:
         bench_chunks(args)
