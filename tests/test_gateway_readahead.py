@@ -166,6 +166,49 @@ def test_read_ahead_stops_when_the_reader_leaves_the_order(store: Gets) -> None:
     r.close()
 
 
+def test_a_strided_reader_gets_the_objects_at_its_stride_ahead(store: Gets) -> None:
+    """Every 5th object (a subsampled read): two equal steps confirm the stride, then the
+    objects at that stride are fetched ahead, never the ones between."""
+    keys = folder_of(store.inner, 40)
+    r = reader(store, ahead=3)
+    for at in (1, 6):  # not the folder's first object: no guess yet, then a candidate step
+        read_all(r, store, keys[at])
+        _drain(r)
+    assert set(store.got) == {keys[1], keys[6]}
+    read_all(r, store, keys[11])  # the same step again: every 5th from here
+    _drain(r)
+    assert set(store.got) == {keys[i] for i in (1, 6, 11, 16, 21, 26)}
+    before = r.prefetcher.started
+    for at in (16, 21, 26, 31):
+        read_all(r, store, keys[at])
+        _drain(r)
+    assert r.prefetcher.started - before == 2  # 31, then 36 came ahead (41 is past the end)
+    assert set(store.got) == {keys[i] for i in range(1, 40, 5)}
+    assert max(store.got.values()) == 1
+    r.close()
+
+
+def test_the_stride_is_the_guess_in_the_next_folder_until_a_read_breaks_it(store: Gets) -> None:
+    for folder in "abc":
+        for i in range(20):
+            store.inner.set(f"{folder}/{i:02d}", os.urandom(64))
+    r = reader(store, ahead=2)
+    for at in (0, 3, 6):  # a stride of 3 in folder a (0 guesses the listing order: 1, 2)
+        read_all(r, store, f"a/{at:02d}")
+        _drain(r)
+    store.got.clear()
+    read_all(r, store, "b/04")  # the first read in b: 7 and 10 come ahead at once
+    _drain(r)
+    assert set(store.got) == {"b/04", "b/07", "b/10"}
+    read_all(r, store, "b/01")  # back: out of every pattern, no read-ahead, no guess for c
+    _drain(r)
+    store.got.clear()
+    read_all(r, store, "c/04")
+    _drain(r)
+    assert set(store.got) == {"c/04"}
+    r.close()
+
+
 def _drain(r: ObjectReader) -> None:
     """Wait until no read-ahead is in flight (nothing holds them here)."""
     assert r.prefetcher.idle(WAIT)

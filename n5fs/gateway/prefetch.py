@@ -15,17 +15,22 @@ are evicted like any other entry.
 - :class:`Prefetcher`: per folder, where the last whole read stood in the listing. A read of
   the folder's first object, or of one within the window ahead of the last read, is a reader
   following the order: the next ``objects`` of the folder are fetched (those not cached or in
-  flight, small enough for the cache). Any other read resets the folder's window, which stops
-  the read-ahead there. At most ``objects`` fetches and ``max_bytes`` bytes are in flight at
-  once for the whole mount; beyond that nothing is queued (read-ahead is an offer, not a debt).
+  flight, small enough for the cache). A reader that steps by the same stride twice (every
+  5th chunk: a subsampled or strided region read) gets the objects at that stride fetched
+  ahead instead; the last confirmed stride is the guess for the first read in the next folder
+  the reader enters (a region read walks its row of chunks in every folder alike), so read-ahead
+  starts there at once. Any other read resets the folder's window and forgets the guess,
+  which stops the read-ahead (random access costs no fetches ahead). At most ``objects``
+  fetches and ``max_bytes`` bytes are in flight at once for the whole mount; beyond that
+  nothing is queued (read-ahead is an offer, not a debt).
 
 Where the folder's listing comes from is the gateway's business (:attr:`Prefetcher.listing`:
 the namespace's cached listings); without one there is no read-ahead.
 
 Lock discipline: ``Flights._lock`` guards the flight table and is held for table work only; it
 may take the byte cache's lock inside it (a leaf, :mod:`n5fs.gateway.cache`), never the
-reverse. ``Prefetcher._lock`` guards the folder windows, the sorted-name memo and the
-in-flight budget; it is a leaf, never held around a store call or a listing lookup. Store I/O
+reverse. ``Prefetcher._lock`` guards the folder windows, the stride guess, the sorted-name
+memo and the in-flight budget; it is a leaf, never held around a store call or a listing lookup. Store I/O
 runs with no lock held, on the caller's thread or the pool's.
 """
 
@@ -150,10 +155,12 @@ class Flights:
 
 @dataclass(frozen=True, slots=True)
 class _Window:
-    """Where a folder's last followed read stood: its index, and the last index fetched ahead."""
+    """Where a folder's last read stood: its index, the last index fetched ahead, and the
+    stride the reads follow (1: the listing order; 0: none yet; > 1: every stride-th)."""
 
     last: int
     ahead: int
+    stride: int = 1
 
 
 class Prefetcher:
@@ -176,6 +183,7 @@ class Prefetcher:
         #: the folder's files (the namespace's cached listing); set by the gateway
         self.listing: Callable[[str], Mapping[str, KeyInfo] | None] | None = None
         self._windows: dict[str, _Window] = {}
+        self._stride = 0  # the last stride a reader was seen to follow (0: none)
         self._names: dict[str, tuple[Mapping[str, KeyInfo], list[str]]] = {}
         self._in_flight = 0
         self._in_flight_bytes = 0
@@ -221,20 +229,32 @@ class Prefetcher:
     def _plan(self, folder: str, at: int, count: int) -> range:
         """The indexes to fetch ahead of a read at ``at``; records the folder's window."""
         with self._lock:
-            window = self._windows.pop(folder, None)
-            following = (at == 0 and window is None) or (
-                window is not None and window.last < at <= max(window.last + 1, window.ahead)
-            )
-            if not following:
-                self._windows[folder] = _Window(at, at)
+            stride, candidate = self._follows(self._windows.pop(folder, None), at)
+            if stride:
+                end = min(count, at + 1 + stride * self.objects)
+                todo = range(at + stride, end, stride)  # cached or in flight: _offer skips
+                self._windows[folder] = _Window(at, todo[-1] if todo else at, stride)
+            else:
                 todo = range(0)
-            else:  # what is cached or in flight already is skipped by _offer
-                end = min(count, at + 1 + self.objects)
-                todo = range(at + 1, end)
-                self._windows[folder] = _Window(at, max(end - 1, at))
+                self._windows[folder] = _Window(at, at, candidate)
             while len(self._windows) > _FOLDERS:
                 del self._windows[next(iter(self._windows))]
         return todo
+
+    def _follows(self, window: _Window | None, at: int) -> tuple[int, int]:
+        """The stride a read at ``at`` follows (0: none), and when none, a step that may turn
+        out to be one (the next read at the same step confirms it). Caller holds the lock."""
+        if window is None:  # the folder's first read: the listing order, or the last stride
+            return self._stride or (1 if at == 0 else 0), 0
+        step = at - window.last
+        if window.stride > 1 and step == window.stride:
+            self._stride = step
+            return step, 0
+        if window.last < at <= max(window.last + 1, window.ahead):
+            self._stride = 1
+            return 1, 0
+        self._stride = 0  # a read out of every pattern: guess none in the next folder
+        return 0, max(step, 0)
 
     def _offer(self, info: KeyInfo) -> None:
         version = version_of(info)
