@@ -37,7 +37,13 @@ from n5fs.errors import (
 )
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
 from n5fs.kvstore.keys import check_prefix, dir_prefix
-from n5fs.kvstore.localio import atomic_writer, copy_sparse, fsync_dir, fsync_file
+from n5fs.kvstore.localio import (
+    atomic_writer,
+    copy_sparse,
+    fsync_dir,
+    fsync_file,
+    write_pieces,
+)
 from n5fs.kvstore.spec import FileSpec
 from n5fs.kvstore.tempnames import (
     PARTIAL_SUFFIX,
@@ -248,7 +254,7 @@ class FileStore(KvStore):
         path = self._prepare(key)
         durable = self.durability is Durability.COMMIT
         with atomic_writer(path, durable=durable) as f:
-            f.write(value)
+            write_pieces(f, value)
         if not durable:
             self._written(path)
 
