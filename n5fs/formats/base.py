@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -121,9 +122,15 @@ class ArrayNode(Node):
     def dtype(self) -> np.dtype[Any]:
         """numpy dtype of one element (structured for v2 records)."""
 
-    @property
+    @functools.cached_property
     def grid(self) -> tuple[int, ...]:
-        """Number of chunks along each dimension."""
+        """Number of chunks along each dimension.
+
+        Computed once per node (the classifier and every chunk check ask, several times per
+        chunk): ``cached_property`` keeps it in the instance ``__dict__`` (nodes are not slotted),
+        outside the dataclass fields, so it takes no part in ``==``, ``hash`` or ``repr``; a
+        node is immutable, so the answer never goes stale (``dataclasses.replace`` makes a new
+        node with its own cache). Two threads asking first may both compute it: the same tuple."""
         return tuple(-(-s // c) if c else 0 for s, c in zip(self.shape, self.chunks, strict=True))
 
     @abc.abstractmethod
@@ -157,9 +164,15 @@ class ArrayNode(Node):
         return ""
 
     def in_grid(self, position: tuple[int, ...]) -> bool:
-        return len(position) == len(self.grid) and all(
-            0 <= p < g for p, g in zip(position, self.grid, strict=True)
-        )
+        """Is ``position`` a chunk of the grid? (Asked for every chunk: a plain loop, as a
+        generator in ``all()`` costs more than the comparisons.)"""
+        grid = self.grid
+        if len(position) != len(grid):
+            return False
+        for p, g in zip(position, grid, strict=True):  # noqa: SIM110
+            if not 0 <= p < g:
+                return False
+        return True
 
 
 @dataclass(frozen=True)

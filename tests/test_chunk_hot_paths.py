@@ -1,0 +1,96 @@
+"""The per-chunk paths made cheap (validate, and every commit of a mount) answer as before.
+
+Each shortcut here (a node's grid computed once, one key regex per array, one zstd decoder per
+thread, the file store's flat walk) is checked against the slow, obvious answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from n5fs.formats.base import ArrayNode, Format
+from n5fs.formats.n5 import N5Format
+from n5fs.formats.zarr2 import Zarr2ArrayNode, Zarr2Format
+from n5fs.formats.zarr3 import Zarr3Format
+
+
+def _zarr2(shape: list[int], chunks: list[int], **extra: object) -> Zarr2ArrayNode:
+    doc = {
+        "zarr_format": 2,
+        "shape": shape,
+        "chunks": chunks,
+        "dtype": "<u2",
+        "compressor": {"id": "zstd", "level": 1},
+        "fill_value": 0,
+        "order": "C",
+        "filters": None,
+        **extra,
+    }
+    node = Zarr2Format().parse_metadata(".zarray", json.dumps(doc).encode())
+    assert isinstance(node, Zarr2ArrayNode)
+    return node
+
+
+def _array(fmt: Format, name: str, doc: dict[str, object]) -> ArrayNode:
+    node = fmt.parse_metadata(name, json.dumps(doc).encode())
+    assert isinstance(node, ArrayNode)
+    return node
+
+
+V3_DOC: dict[str, object] = {
+    "zarr_format": 3,
+    "node_type": "array",
+    "shape": [10, 7],
+    "data_type": "uint8",
+    "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4, 7]}},
+    "chunk_key_encoding": {"name": "default"},
+    "codecs": [{"name": "bytes"}],
+    "fill_value": 0,
+}
+
+
+# -- the grid, once per node -------------------------------------------------------------------
+
+
+def test_grid_is_kept_by_the_node_and_takes_no_part_in_equality() -> None:
+    node, twin = _zarr2([40, 33], [16, 16]), _zarr2([40, 33], [16, 16])
+    assert node.grid == (3, 3)
+    assert node.grid is node.grid  # computed once
+    assert node == twin  # twin never computed its grid
+    assert hash(node) == hash(twin)
+    assert "grid" not in repr(node)
+
+
+def test_a_resized_node_has_its_own_grid() -> None:
+    node = _zarr2([40, 33], [16, 16])
+    assert node.grid == (3, 3)
+    grown = dataclasses.replace(node, meta=dataclasses.replace(node.meta, shape=(80, 33)))
+    assert grown.grid == (5, 3)
+    assert node.grid == (3, 3)
+    assert not grown.in_grid((5, 0))
+    assert grown.in_grid((4, 2))
+    assert not node.in_grid((4, 2))
+
+
+def test_in_grid_edges_for_every_format() -> None:
+    n5 = _array(
+        N5Format(),
+        "attributes.json",
+        {
+            "dimensions": [10, 0, 7],
+            "blockSize": [4, 4, 7],
+            "dataType": "uint8",
+            "compression": {"type": "raw"},
+        },
+    )
+    v3 = _array(Zarr3Format(), "zarr.json", V3_DOC)
+    assert n5.grid == (3, 0, 1)
+    assert v3.grid == (3, 1)
+    for node, inside, outside in (
+        (v3, [(0, 0), (2, 0)], [(3, 0), (0, 1), (-1, 0), (0,), (0, 0, 0)]),
+        (n5, [], [(0, 0, 0), (2, 0, 0), (3, 0, 0)]),  # an empty axis: no chunk at all
+        (_zarr2([], []), [()], [(0,)]),
+    ):
+        assert all(node.in_grid(p) for p in inside)
+        assert not any(node.in_grid(p) for p in outside)
