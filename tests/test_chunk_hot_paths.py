@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+import zstandard
+
+from n5fs.codecs import limits
+from n5fs.codecs.limits import CodecError, zstd_decompress
 from n5fs.formats.base import ArrayNode, Format
 from n5fs.formats.n5 import N5Format
 from n5fs.formats.zarr2 import Zarr2ArrayNode, Zarr2Format
@@ -94,3 +101,48 @@ def test_in_grid_edges_for_every_format() -> None:
     ):
         assert all(node.in_grid(p) for p in inside)
         assert not any(node.in_grid(p) for p in outside)
+
+
+# -- one zstd decoder per thread -----------------------------------------------------------------
+
+
+def _unsized(data: bytes) -> bytes:
+    """A frame without a content size, as Java's streaming writers make them."""
+    frame = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(data)
+    assert zstandard.get_frame_parameters(frame).content_size == zstandard.CONTENTSIZE_UNKNOWN
+    return frame
+
+
+def test_a_refused_frame_leaves_the_threads_decoder_fit_for_the_next() -> None:
+    good = bytes(range(256)) * 4
+    frame = zstandard.ZstdCompressor(level=3).compress(good)
+    corrupt = frame[:8] + bytes(b ^ 0xFF for b in frame[8:-3]) + frame[-3:]
+    cases = [
+        (_unsized(bytes(1 << 20)), 4096, "decoded-size"),  # a bomb: bounded by the buffer
+        (zstandard.ZstdCompressor().compress(bytes(8192)), 4096, "decoded-size"),  # size stated
+        (_unsized(good)[:-2], len(good), None),  # truncated: refused, whatever the rule
+        (corrupt, len(good), None),
+    ]
+    for bad, limit, rule in cases:
+        with pytest.raises(CodecError) as info:
+            zstd_decompress(bad, limit)
+        assert rule is None or info.value.rule == rule
+        assert zstd_decompress(frame, len(good)) == good
+        assert zstd_decompress(_unsized(good), len(good)) == good  # the limit, exactly
+
+
+def test_each_thread_decodes_with_its_own_decoder() -> None:
+    workers = 3
+    everyone_in = threading.Barrier(workers)  # all threads alive at once: no reuse of one
+
+    def decode(seed: int) -> tuple[int, bytes]:
+        data = bytes((seed + i) % 251 for i in range(4096))
+        decoded = zstd_decompress(_unsized(data), len(data))
+        assert decoded == data
+        everyone_in.wait(timeout=30)
+        return id(limits._ZSTD.get()), decoded
+
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(decode, range(workers)))
+    assert len({decoder for decoder, _ in results}) == workers
+    assert limits._ZSTD.get() is limits._ZSTD.get()  # and a thread keeps its own

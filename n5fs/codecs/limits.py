@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import bz2
 import lzma
+import threading
 import zlib
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -26,6 +27,8 @@ from n5fs.errors import Rejected
 
 if TYPE_CHECKING:
     from types import ModuleType
+
+    import zstandard
 
 _zlib_ng: ModuleType | None
 try:
@@ -217,6 +220,25 @@ def _zstd_frame_end(data: bytes, what: str) -> int:
             return pos + (4 if has_checksum else 0)
 
 
+class _ZstdDecoders(threading.local):
+    """One ``zstandard.ZstdDecompressor`` per thread: building one per chunk cost 4x the
+    decode of a small chunk (10.6 vs 2.5 us for 16x16 uint16), and one object may not be used
+    by two threads at once (python-zstandard's rule). Each ``decompress`` call resets the
+    decoder's session, so a corrupt or refused frame leaves nothing behind for the next."""
+
+    decompressor: zstandard.ZstdDecompressor | None = None
+
+    def get(self) -> zstandard.ZstdDecompressor:
+        if self.decompressor is None:
+            import zstandard
+
+            self.decompressor = zstandard.ZstdDecompressor()
+        return self.decompressor
+
+
+_ZSTD = _ZstdDecoders()
+
+
 def zstd_decompress(data: bytes, limit: int, what: str = "zstd") -> bytes:
     """Decode exactly one zstd frame (with or without a content size), at most ``limit``.
 
@@ -240,7 +262,7 @@ def zstd_decompress(data: bytes, limit: int, what: str = "zstd") -> bytes:
         size = zstandard.get_frame_parameters(data).content_size
         if size != zstandard.CONTENTSIZE_UNKNOWN and size > limit:
             raise too_large(limit, what)
-        return zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
+        return _ZSTD.get().decompress(data, max_output_size=limit)
     except zstandard.ZstdError as exc:
         if "did not decompress full frame" in str(exc) or "Destination buffer" in str(exc):
             # Either truncated, or the output would pass the limit: both refused.
