@@ -7,19 +7,26 @@ thread, the file store's flat walk) is checked against the slow, obvious answer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import zstandard
+from hypothesis import given
+from hypothesis import strategies as st
 
+from n5fs.classify import Classifier
 from n5fs.codecs import limits
 from n5fs.codecs.limits import CodecError, zstd_decompress
-from n5fs.formats.base import ArrayNode, Format
-from n5fs.formats.n5 import N5Format
+from n5fs.detect import Detector
+from n5fs.formats.base import ArrayNode, Classified, Format, KeyKind
+from n5fs.formats.n5 import N5ArrayNode, N5Format
 from n5fs.formats.zarr2 import Zarr2ArrayNode, Zarr2Format
-from n5fs.formats.zarr3 import Zarr3Format
+from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format
+from n5fs.kvstore.memory import MemoryStore
 
 
 def _zarr2(shape: list[int], chunks: list[int], **extra: object) -> Zarr2ArrayNode:
@@ -101,6 +108,115 @@ def test_in_grid_edges_for_every_format() -> None:
     ):
         assert all(node.in_grid(p) for p in inside)
         assert not any(node.in_grid(p) for p in outside)
+
+
+# -- one regex per array for its chunk keys ------------------------------------------------------
+
+
+def _split_position(rel_key: str, separator: str, ndim: int, index: str) -> tuple[int, ...] | None:
+    """The reference grammar: split at the separator, then every part one index."""
+    parts = rel_key.split(separator)
+    if len(parts) != ndim or not all(re.fullmatch(index, p, re.ASCII) for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def _reference(node: ArrayNode, rel_key: str) -> tuple[int, ...] | None:
+    """Where the grammar of each format, as written before the shortcut, puts ``rel_key``."""
+    if isinstance(node, Zarr3ArrayNode):
+        return node.key_encoding.parse_key(rel_key, len(node.shape))
+    if isinstance(node, N5ArrayNode):
+        return _split_position(rel_key, "/", len(node.shape), r"0|[1-9][0-9]{0,999}")
+    assert isinstance(node, Zarr2ArrayNode)
+    if not node.chunks:
+        return () if rel_key == "0" else None
+    return _split_position(rel_key, node.meta.separator, len(node.shape), r"0|[1-9][0-9]*")
+
+
+def _v3(ndim: int, encoding: str, separator: str) -> ArrayNode:
+    doc = dict(V3_DOC, shape=[10] * ndim)
+    doc["chunk_grid"] = {"name": "regular", "configuration": {"chunk_shape": [4] * ndim}}
+    doc["chunk_key_encoding"] = {"name": encoding, "configuration": {"separator": separator}}
+    return _array(Zarr3Format(), "zarr.json", doc)
+
+
+def _n5(ndim: int) -> ArrayNode:
+    doc = {"dimensions": [10] * ndim, "blockSize": [4] * ndim, "dataType": "uint8"}
+    return _array(N5Format(), "attributes.json", {**doc, "compression": {"type": "raw"}})
+
+
+NODES = [
+    *(_zarr2([10] * n, [4] * n, dimension_separator=sep) for n in (0, 1, 2, 3) for sep in "./"),
+    *(_v3(n, enc, sep) for n in (0, 1, 2, 3) for enc in ("default", "v2") for sep in "./"),
+    *(_n5(n) for n in (1, 2, 3)),
+]
+#: index-like pieces (``\u0661``, an Arabic-Indic one: ``int()`` reads it, no grammar may)
+INDEXES = ["0", "1", "2", "12", "01", "00", "-1", "+1", "9" * 12, "\u0661"]
+TOKENS = [*INDEXES, "c", "x", ".", "/", "", " "]
+KEYS = st.lists(st.sampled_from(TOKENS), max_size=9).map("".join)
+
+
+def _node_id(node: ArrayNode) -> str:
+    return f"{node.fmt}-{len(node.shape)}d-{node.chunk_key((0,) * len(node.shape))}"
+
+
+@pytest.mark.parametrize("node", NODES, ids=_node_id)
+@given(rel_key=KEYS)
+def test_one_regex_reads_chunk_keys_as_splitting_them_did(node: ArrayNode, rel_key: str) -> None:
+    position = _reference(node, rel_key)
+    found = node.classify(rel_key)
+    if position is not None:
+        assert found == Classified(KeyKind.CHUNK, position, node.in_grid(position))
+    else:
+        assert found.kind is not KeyKind.CHUNK
+
+
+@pytest.mark.parametrize("node", NODES, ids=_node_id)
+def test_every_chunk_key_a_node_writes_is_read_back(node: ArrayNode) -> None:
+    ndim = len(node.shape)
+    for position in [(0,) * ndim, (2,) * ndim, (3,) * ndim, tuple(range(ndim))]:
+        found = node.classify(node.chunk_key(position))
+        assert (found.kind, found.position, found.in_grid) == (
+            KeyKind.CHUNK,
+            position,
+            position != (3,) * ndim or ndim == 0,
+        )
+
+
+# -- the classifier told the folder being walked -------------------------------------------------
+
+
+def test_a_folder_handed_to_the_classifier_changes_no_verdict() -> None:
+    zarray = {
+        "zarr_format": 2, "shape": [4, 4], "chunks": [2, 2], "dtype": "<u1", "compressor": None,
+        "fill_value": 0, "order": "C", "filters": None,
+    }  # fmt: skip
+    files = {
+        ".zgroup": b'{"zarr_format": 2}',
+        "flat/.zarray": json.dumps(zarray).encode(),
+        "nested/.zarray": json.dumps({**zarray, "dimension_separator": "/"}).encode(),
+        "broken/.zarray": b"{",
+        "plain/README": b"hello",
+    }
+    for name in ("0.0", "1.1", "2.0", "01.0", "0/0", "README", "sub/.zarray"):
+        files[f"flat/{name}"] = files[f"nested/{name}"] = bytes(4)
+    files["flat/.zattrs"] = files["nested/.zattrs"] = b"{}"
+    files.update({"broken/0.0": bytes(4), "nested/1/.zarray": b"{}", "nested/1/x": b""})
+    store = MemoryStore()
+    for key, value in files.items():
+        store.set(key, value)
+    detector = Detector(store)
+    classifier = Classifier(detector)
+    folders = list(detector.walk("", on_error=lambda _prefix, _exc: None))
+    assert {f.prefix for f in folders} == {"", "flat/", "nested/", "plain/"}
+    kinds = set()
+    for key in files:
+        load = functools.partial(files.__getitem__, key)
+        alone = classifier.classify(key, load)
+        kinds.add(alone.kind)
+        for folder in folders:
+            assert classifier.classify(key, load, folder=folder) == alone
+    assert kinds == set(KeyKind)
 
 
 # -- one zstd decoder per thread -----------------------------------------------------------------

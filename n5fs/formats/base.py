@@ -71,6 +71,18 @@ def chunk_like(rel_key: str) -> bool:
     return bool(parts) and all(_LOOSE_INDEX.fullmatch(p) for p in parts)
 
 
+def chunk_key_pattern(ndim: int, separator: str, index: str, *, head: str = "") -> re.Pattern[str]:
+    """One regex for a whole chunk key: ``head`` (when given) and ``ndim`` indices, each
+    matching ``index`` (a regex without groups), joined by ``separator``; group ``i`` holds
+    index ``i``. ``fullmatch`` of it accepts exactly what splitting at ``separator`` and
+    matching every part would (no index can hold the separator), at a third of the cost: an
+    array asks it for every chunk it classifies. A head alone is a 0-d key (``c``, ``0``);
+    with neither, nothing matches."""
+    parts = [re.escape(head)] if head else []
+    parts += [f"({index})"] * ndim
+    return re.compile(re.escape(separator).join(parts) if parts else "(?!)", re.ASCII)
+
+
 def bad_chunk_key(rel_key: str, grammar: str) -> Classified:
     """The INVALID answer for a chunk-like ``rel_key`` that breaks ``grammar`` (in words)."""
     return Classified(

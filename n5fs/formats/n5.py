@@ -26,6 +26,7 @@ wrong index count), never an ordinary file that would shadow or fake a chunk.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from math import prod
@@ -51,6 +52,7 @@ from n5fs.formats.base import (
     KeyKind,
     Node,
     bad_chunk_key,
+    chunk_key_pattern,
     chunk_like,
 )
 
@@ -262,13 +264,17 @@ class N5ArrayNode(ArrayNode):
         ``0.0``) -> INVALID; anything else (temp names, READMEs) -> OTHER."""
         if rel_key == ATTRIBUTES:
             return Classified(KeyKind.METADATA)
-        parts = rel_key.split("/")
-        if len(parts) != len(self.dimensions) or not all(_INDEX.fullmatch(p) for p in parts):
+        match = self._key_pattern.fullmatch(rel_key)
+        if match is None:
             if chunk_like(rel_key):
                 return bad_chunk_key(rel_key, self._grammar())
             return Classified(KeyKind.OTHER)
-        position = tuple(int(p) for p in parts)
+        position = tuple(map(int, match.groups()))
         return Classified(KeyKind.CHUNK, position, self.in_grid(position))
+
+    @functools.cached_property
+    def _key_pattern(self) -> re.Pattern[str]:
+        return chunk_key_pattern(len(self.dimensions), "/", _INDEX.pattern)
 
     def _grammar(self) -> str:
         n = len(self.dimensions)

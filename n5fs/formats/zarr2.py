@@ -16,6 +16,7 @@ The dtype and fill_value parsers are in :mod:`n5fs.formats.zarr2_fields`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -38,6 +39,7 @@ from n5fs.formats.base import (
     Node,
     NodeKind,
     bad_chunk_key,
+    chunk_key_pattern,
     chunk_like,
 )
 from n5fs.formats.consolidation import ZarrV2Consolidation
@@ -199,14 +201,18 @@ class Zarr2ArrayNode(ArrayNode):
             f"{f' joined by {sep!r}' if ndim > 1 else ''} (e.g. {sep.join(['0'] * ndim)!r})"
         )
 
+    @functools.cached_property
+    def _key_pattern(self) -> re.Pattern[str]:
+        """Canonical chunk keys (no sign, no leading zeros); a 0-d array's one key is ``0``."""
+        ndim = len(self.chunks)
+        return chunk_key_pattern(
+            ndim, self.meta.separator, _INDEX.pattern, head="" if ndim else "0"
+        )
+
     def _position(self, rel_key: str) -> tuple[int, ...] | None:
-        """Grid position of a canonical chunk key (no sign, no leading zeros), else None."""
-        if not self.chunks:
-            return () if rel_key == "0" else None
-        parts = rel_key.split(self.meta.separator)
-        if len(parts) != len(self.chunks) or not all(_INDEX.fullmatch(p) for p in parts):
-            return None
-        return tuple(int(p) for p in parts)
+        """Grid position of a canonical chunk key, else None."""
+        match = self._key_pattern.fullmatch(rel_key)
+        return None if match is None else tuple(map(int, match.groups()))
 
     def chunk_key(self, position: tuple[int, ...]) -> str:
         return self.meta.separator.join(map(str, position)) if position else "0"

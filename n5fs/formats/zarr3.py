@@ -19,6 +19,7 @@ consolidated_metadata is kept true by :mod:`n5fs.formats.consolidation`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -36,11 +37,28 @@ from n5fs.codecs.v3 import (
     parse_extension,
 )
 from n5fs.errors import Rejected
-from n5fs.formats.base import ArrayNode, Classified, Format, GroupNode, KeyKind, Node, bad_chunk_key
+from n5fs.formats.base import (
+    ArrayNode,
+    Classified,
+    Format,
+    GroupNode,
+    KeyKind,
+    Node,
+    bad_chunk_key,
+    chunk_key_pattern,
+)
 from n5fs.formats.consolidation import ZarrV3Consolidation
-from n5fs.formats.zarr3_fields import FMT, ChunkKeyEncoding, _bad, fill_identity, parse_fill_value
+from n5fs.formats.zarr3_fields import (
+    _DECIMAL,
+    FMT,
+    ChunkKeyEncoding,
+    _bad,
+    fill_identity,
+    parse_fill_value,
+)
 
 if TYPE_CHECKING:
+    import re
     from collections.abc import Mapping
 
 METADATA_NAME = "zarr.json"
@@ -297,13 +315,21 @@ class Zarr3ArrayNode(ArrayNode):
     def classify(self, rel_key: str) -> Classified:
         if rel_key == METADATA_NAME:
             return Classified(KeyKind.METADATA)
-        ndim = len(self.array_shape)
-        position = self.key_encoding.parse_key(rel_key, ndim)
-        if position is not None:
+        match = self._key_pattern.fullmatch(rel_key)
+        if match is not None:
+            position = tuple(map(int, match.groups()))
             return Classified(KeyKind.CHUNK, position, self.in_grid(position))
         if self.key_encoding.looks_like_key(rel_key):
-            return bad_chunk_key(rel_key, self.key_encoding.grammar(ndim))
+            return bad_chunk_key(rel_key, self.key_encoding.grammar(len(self.array_shape)))
         return Classified(KeyKind.OTHER)
+
+    @functools.cached_property
+    def _key_pattern(self) -> re.Pattern[str]:
+        """What ``self.key_encoding.parse_key`` accepts, in one regex: ``c`` then the indices
+        (``default``), or the indices alone, ``0`` for a 0-d array (``v2``)."""
+        ndim, encoding = len(self.array_shape), self.key_encoding
+        head = "c" if encoding.name == "default" else "" if ndim else "0"
+        return chunk_key_pattern(ndim, encoding.separator, _DECIMAL.pattern, head=head)
 
     def chunk_key(self, position: tuple[int, ...]) -> str:
         return self.key_encoding.key(position)

@@ -110,10 +110,12 @@ class Validator:
         else:
             infos = iter(self.store.list(folder.prefix, delimiter="/").keys)
         for info in infos:
-            self._classify(info, chunks)
+            self._classify(info, folder, chunks)
 
-    def _classify(self, info: KeyInfo, chunks: ChunkChecker) -> None:
-        verdict = self.classifier.classify(info.key, lambda: self._fetch(info.key))
+    def _classify(self, info: KeyInfo, folder: Folder, chunks: ChunkChecker) -> None:
+        # The folder being walked is this validator's detector's answer (nothing invalidates
+        # it during a run): the classifier need not look it up again for the folder's keys.
+        verdict = self.classifier.classify(info.key, lambda: self._fetch(info.key), folder=folder)
         if verdict.kind is KeyKind.CHUNK:
             assert verdict.array is not None
             assert verdict.position is not None
