@@ -473,3 +473,20 @@ def test_process_alive():
     assert not process_alive(child.pid)
     child.wait()
     assert not process_alive(child.pid)
+
+
+@pytest.mark.parametrize("kind", [EntryKind.FILE, EntryKind.DIR, EntryKind.SYMLINK])
+def test_readdir_plus_stat_matches_the_binding_s_own_filler(kind: EntryKind) -> None:
+    """The fast filler writes the same ``struct stat`` as mfusepy's ``set_st_attrs``, and a
+    field a dict of another shape set (``st_ino``) does not leak into the next entry."""
+    fuse = _lib._fuse
+    attrs = StatMaker(read_only=False)(Attr(kind, 5000, 1_700_000_000.123456, True))
+    reference = fuse.c_stat()
+    fuse.set_st_attrs(reference, attrs, use_ns=True)
+    st = fuse.c_stat()
+    fill = _lib._StatFiller(st)
+    fill({**attrs, "st_ino": 42})  # another shape: the binding's filler
+    assert st.st_ino == 42
+    fill(attrs)
+    assert bytes(st) == bytes(reference)
+    assert (st.st_mtimespec.tv_sec, st.st_mtimespec.tv_nsec) == (1_700_000_000, 123456000)

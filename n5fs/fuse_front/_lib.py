@@ -301,6 +301,49 @@ def _entries_from(
         yield index + 3, name, st
 
 
+class _StatFiller:
+    """Fills one ``struct stat`` from the ``st_*`` dicts :class:`~n5fs.fuse_front.attrs.StatMaker`
+    makes, field by field. Why: readdir-plus fills one per entry, and mfusepy's generic
+    ``set_st_attrs`` (a loop of ``getattr``/``setattr`` over the dict) cost 3.7 us an entry, a
+    memset included, where these assignments cost 0.5 us: ``find`` over 50k chunk files spent
+    a quarter of its time there. A dict of another shape goes to ``set_st_attrs``."""
+
+    _KEYS = frozenset(
+        ("st_mode", "st_nlink", "st_size", "st_blocks", "st_blksize", "st_uid", "st_gid",
+         "st_atime", "st_mtime", "st_ctime")
+    )  # fmt: skip
+
+    def __init__(self, st: Any) -> None:
+        self.st = st
+        self.times = (st.st_atimespec, st.st_mtimespec, st.st_ctimespec)  # views into st
+        self.dirty = True  # fields other than ours may be set: zero them first
+
+    def clear(self) -> None:
+        ctypes.memset(ctypes.byref(self.st), 0, ctypes.sizeof(self.st))
+        self.dirty = False
+
+    def __call__(self, attrs: dict[str, int]) -> None:
+        if attrs.keys() != self._KEYS:
+            self.clear()
+            _fuse.set_st_attrs(self.st, attrs, use_ns=True)
+            self.dirty = True
+            return
+        if self.dirty:
+            self.clear()
+        st = self.st
+        st.st_mode = attrs["st_mode"]
+        st.st_nlink = attrs["st_nlink"]
+        st.st_size = attrs["st_size"]
+        st.st_blocks = attrs["st_blocks"]
+        st.st_blksize = attrs["st_blksize"]
+        st.st_uid = attrs["st_uid"]
+        st.st_gid = attrs["st_gid"]
+        atime, mtime, ctime = self.times
+        atime.tv_sec, atime.tv_nsec = divmod(attrs["st_atime"], 1_000_000_000)
+        mtime.tv_sec, mtime.tv_nsec = divmod(attrs["st_mtime"], 1_000_000_000)
+        ctime.tv_sec, ctime.tv_nsec = divmod(attrs["st_ctime"], 1_000_000_000)
+
+
 if IS_MFUSEPY:
 
     class _PlusFUSE(_fuse.FUSE):  # type: ignore[misc]  # mfusepy is untyped
@@ -315,16 +358,17 @@ if IS_MFUSEPY:
             self, path: bytes, buf: Any, filler: Any, offset: int, fip: Any, plus: bool
         ) -> int:
             st = _fuse.c_stat()
+            fill = _StatFiller(st)
             dir_mode = {"st_mode": 0o040755}
             for next_offset, name, attrs in _entries_from(
                 self.operations, self._path(path), fip.contents.fh, offset
             ):
-                ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
                 flags = 0
                 if plus and attrs is not None:
-                    _fuse.set_st_attrs(st, attrs, use_ns=True)
+                    fill(attrs)
                     flags = FUSE_FILL_DIR_PLUS
                 else:
+                    fill.clear()
                     st.st_mode = (attrs or dir_mode)["st_mode"]
                 raw = name.encode(self.encoding, self.errors)
                 args = (

@@ -12,18 +12,15 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from n5fs.gateway import EntryKind
-
-if TYPE_CHECKING:
-    from n5fs.gateway import Attr
+from n5fs.gateway import Attr, EntryKind
 
 #: ``st_blocks`` counts 512-byte units, whatever the block size
 BLOCK_UNIT = 512
 #: what ``st_blksize`` advertises: tools size their reads and writes by it (cp uses 128 KiB+)
 BLKSIZE = 1 << 20
 
+_DIR = EntryKind.DIR
 _WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 _TYPE_BITS = {
     EntryKind.FILE: stat.S_IFREG | 0o644,
@@ -49,12 +46,24 @@ class StatMaker:
     gid: int = field(default_factory=os.getgid)
     read_only: bool = False
     mounted_ns: int = field(default_factory=time.time_ns)
+    _modes: dict[tuple[int, bool], int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # modes by kind and writability, looked up per entry without hashing the enum (its
+        # __hash__ is Python code: readdir-plus makes one of these dicts per file)
+        modes = {
+            (id(kind), writable): mode_of(Attr(kind, 0, 0.0, writable), read_only=self.read_only)
+            for kind in EntryKind
+            for writable in (False, True)
+        }
+        object.__setattr__(self, "_modes", modes)
 
     def __call__(self, attr: Attr) -> dict[str, int]:
         mtime = int(attr.mtime * 1e9) if attr.mtime > 0 else self.mounted_ns
+        kind = attr.kind
         return {
-            "st_mode": mode_of(attr, read_only=self.read_only),
-            "st_nlink": 2 if attr.kind is EntryKind.DIR else 1,
+            "st_mode": self._modes[id(kind), bool(attr.writable)],
+            "st_nlink": 2 if kind is _DIR else 1,
             "st_size": attr.size,
             "st_blocks": -(-attr.size // BLOCK_UNIT),
             "st_blksize": BLKSIZE,
