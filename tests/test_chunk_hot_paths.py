@@ -9,9 +9,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import zstandard
@@ -26,6 +28,7 @@ from n5fs.formats.base import ArrayNode, Classified, Format, KeyKind
 from n5fs.formats.n5 import N5ArrayNode, N5Format
 from n5fs.formats.zarr2 import Zarr2ArrayNode, Zarr2Format
 from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format
+from n5fs.kvstore.file import PARTIAL_SUFFIX, FileStore
 from n5fs.kvstore.memory import MemoryStore
 
 
@@ -262,3 +265,100 @@ def test_each_thread_decodes_with_its_own_decoder() -> None:
         results = list(pool.map(decode, range(workers)))
     assert len({decoder for decoder, _ in results}) == workers
     assert limits._ZSTD.get() is limits._ZSTD.get()  # and a thread keeps its own
+
+
+# -- the file store's flat listing ----------------------------------------------------------------
+
+
+def _reachable(root: Path, prefix: str) -> list[tuple[str, int, float]]:
+    """The reference: every regular file under ``root`` whose path, links followed, stays in
+    the root, keyed by its path below the root, temp files left out; then the prefix."""
+    real_root = os.path.realpath(root)
+    found = []
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        if not os.path.realpath(folder).startswith(real_root):
+            dirs[:] = []
+            continue
+        for name in files:
+            path = os.path.join(folder, name)
+            inside = os.path.realpath(path).startswith(real_root + os.sep)
+            if name.endswith(PARTIAL_SUFFIX) or not inside or not os.path.isfile(path):
+                continue
+            st = os.stat(path)
+            found.append(
+                (os.path.relpath(path, root).replace(os.sep, "/"), st.st_size, st.st_mtime)
+            )
+    return sorted(f for f in found if f[0].startswith(prefix))
+
+
+def _tree(tmp_path: Path) -> FileStore:
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "deep" / "secret").write_bytes(b"s")
+    store = FileStore(tmp_path / "root")
+    for key in ("a/0/0", "a/0/1", "a/1/0", "a/b", "a/bb/c", "ab", "b/ü n+%", "z/.zarray"):
+        store.set(key, key.encode() * 3)
+    root = store.root
+    (root / "a" / "empty").mkdir()
+    (root / "a" / "0" / f".0.0.x{PARTIAL_SUFFIX}").write_bytes(b"half")
+    os.symlink(root / "a" / "0", root / "a" / "alias")  # a folder inside: served
+    os.symlink(root / "ab", root / "a" / "ab-link")  # a file inside: served
+    os.symlink(outside, root / "a" / "out")  # leads out: never
+    os.symlink(outside / "deep" / "secret", root / "a" / "out-file")
+    os.symlink(root / "gone", root / "a" / "dangling")
+    os.mkfifo(root / "a" / "fifo")  # not a file: not a key
+    return store
+
+
+@pytest.mark.parametrize("prefix", ["", "a/", "a/b", "a/0/", "ab", "nothing/", "a/0/0"])
+def test_flat_listing_finds_what_the_filesystem_holds(tmp_path: Path, prefix: str) -> None:
+    store = _tree(tmp_path)
+    expected = _reachable(store.root, prefix)
+    listing = store.list(prefix, delimiter=None)
+    assert [(i.key, i.size, i.mtime) for i in listing.keys] == expected
+    assert listing.prefixes == ()
+    assert [(i.key, i.size, i.mtime) for i in store.walk(prefix)] == expected
+    if prefix == "a/":
+        assert "a/alias/0" in {i.key for i in listing.keys}
+        assert not any("secret" in i.key or "fifo" in i.key for i in listing.keys)
+
+
+def test_other_delimiters_still_group(tmp_path: Path) -> None:
+    store = _tree(tmp_path)
+    listing = store.list("a/", delimiter="b")
+    assert listing.prefixes == ("a/ab", "a/b")
+    assert {"a/0/0", "a/alias/1"} <= set(listing.names())
+
+
+@pytest.mark.parametrize("change", ["removed", "file", "link-out", "link-in"])
+def test_a_folder_changed_between_scan_and_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """The hook runs just before the listing opens ``a/0`` below ``a``: what it finds there
+    then, not at the scan, decides, and a link is followed only if it stays inside."""
+    store = _tree(tmp_path)
+    root, real_open = store.root, os.open
+    outside = tmp_path / "outside"
+
+    def opening(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if dir_fd is not None and path == "0" and not (root / "a" / "moved").exists():
+            os.rename(root / "a" / "0", root / "a" / "moved")
+            if change == "file":
+                (root / "a" / "0").write_bytes(b"now a file")
+            elif change == "link-out":
+                os.symlink(outside, root / "a" / "0")
+            elif change == "link-in":
+                os.symlink(root / "a" / "moved", root / "a" / "0")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", opening)
+    keys = {i.key for i in store.walk("a/")}
+    monkeypatch.undo()
+    assert (root / "a" / "moved").exists()  # the hook ran
+    assert {"a/1/0", "a/b", "a/bb/c"} <= keys
+    assert not any(key.startswith("a/moved") for key in keys)  # not there at the scan
+    assert not any("secret" in key or "deep" in key for key in keys)
+    if change == "link-in":
+        assert {"a/0/0", "a/0/1"} <= keys
+    else:
+        assert not any(key.startswith("a/0") for key in keys)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import operator
 import os
 import shutil
 import stat as stat_mod
@@ -44,6 +45,7 @@ from n5fs.kvstore.localio import (
     fsync_file,
     write_pieces,
 )
+from n5fs.kvstore.localwalk import walk_keys
 from n5fs.kvstore.spec import FileSpec
 from n5fs.kvstore.tempnames import (
     PARTIAL_SUFFIX,
@@ -55,7 +57,7 @@ from n5fs.kvstore.tempnames import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
 __all__ = [
     "PARTIAL_SUFFIX",
@@ -66,6 +68,7 @@ __all__ = [
     "fsync_dir",
 ]
 
+_BY_KEY = operator.attrgetter("key")
 #: with deferred durability, at most this many written paths wait for a flush; then they are
 #: synced at once (by then the kernel has written most of them back: the fsyncs are cheap)
 MAX_UNSYNCED = 4096
@@ -188,6 +191,8 @@ class FileStore(KvStore):
         base = head + "/" if head else ""
         if delimiter == "/":
             return self._list_dir(base, start)
+        if delimiter is None:  # every key found is below ``prefix``: nothing to group
+            return Listing(tuple(sorted(self._walk_from(base, start), key=_BY_KEY)), ())
         return group_listing(self._walk_from(base, start), prefix, delimiter)
 
     def _list_dir(self, base: str, start: str) -> Listing:
@@ -200,7 +205,7 @@ class FileStore(KvStore):
                 prefixes.append(f"{base}{entry.name}/")
             elif stat_mod.S_ISREG(st.st_mode):
                 keys.append(KeyInfo(base + entry.name, st.st_size, st.st_mtime))
-        keys.sort(key=lambda k: k.key)
+        keys.sort(key=_BY_KEY)
         return Listing(tuple(keys), tuple(sorted(prefixes)))
 
     def _scan(self, base: str) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]:
@@ -228,14 +233,10 @@ class FileStore(KvStore):
                     continue  # renamed or removed since the scan (another thread's commit)
             yield entry, st
 
-    def _walk_from(self, base: str, start: str) -> Iterator[KeyInfo]:
-        for entry, st in self._scan(base):
-            if not entry.name.startswith(start):
-                continue
-            if stat_mod.S_ISDIR(st.st_mode):
-                yield from self._walk_from(f"{base}{entry.name}/", "")
-            elif stat_mod.S_ISREG(st.st_mode):
-                yield KeyInfo(base + entry.name, st.st_size, st.st_mtime)
+    def _walk_from(self, base: str, start: str) -> Sequence[KeyInfo]:
+        """Every key below folder ``base`` whose name there starts with ``start``, unordered:
+        the keys :meth:`_scan` would find folder by folder, at less cost per key."""
+        return walk_keys(self._root, base, start, self._check_inside)
 
     # -- commands ------------------------------------------------------------------------------
 
