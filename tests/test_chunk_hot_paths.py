@@ -77,6 +77,8 @@ def test_grid_is_kept_by_the_node_and_takes_no_part_in_equality() -> None:
     assert node == twin  # twin never computed its grid
     assert hash(node) == hash(twin)
     assert "grid" not in repr(node)
+    assert node.chunk_nbytes == 16 * 16 * 2
+    assert node == twin
 
 
 def test_a_resized_node_has_its_own_grid() -> None:

@@ -176,9 +176,10 @@ class Zarr2ArrayNode(ArrayNode):
     def attributes(self) -> Mapping[str, Any]:
         return self.attrs
 
-    @property
+    @functools.cached_property
     def chunk_nbytes(self) -> int:
-        """Bytes of one decoded chunk (every v2 chunk, edge ones too)."""
+        """Bytes of one decoded chunk (every v2 chunk, edge ones too); once per node, as
+        :attr:`grid` (every chunk check asks)."""
         return math.prod(self.chunks) * self.dtype.itemsize
 
     def classify(self, rel_key: str) -> Classified:
