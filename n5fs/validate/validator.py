@@ -117,9 +117,10 @@ class Validator:
         # it during a run): the classifier need not look it up again for the folder's keys.
         verdict = self.classifier.classify(info.key, lambda: self._fetch(info.key), folder=folder)
         if verdict.kind is KeyKind.CHUNK:
-            assert verdict.array is not None
+            array = verdict.array  # asked once: an isinstance check against an ABC each time
+            assert array is not None
             assert verdict.position is not None
-            chunks.add(ChunkJob(verdict.array, info.key, verdict.position, info.size))
+            chunks.add(ChunkJob(array, info.key, verdict.position, info.size))
         elif verdict.kind is KeyKind.METADATA:
             self._check_metadata(verdict)
         elif verdict.kind is KeyKind.INVALID:
