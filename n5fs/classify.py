@@ -89,7 +89,7 @@ class Classifier:
         ``folder``: the detector's answer for a folder, which a caller that walks folder by
         folder (validate) has just had; used, instead of asking the detector again, when it
         is the key's own folder. The verdict is the same either way: this saves a cache
-        lookup (a lock, a clock read) per key, a fifth of the cost of classifying a chunk."""
+        lookup (a lock, a clock read) per key, a quarter of the cost of classifying a chunk."""
         head, _, name = key.rpartition("/")
         # dir_prefix(head) without its check: the detector checks the prefix (same InvalidKey)
         prefix = head if not head or head.endswith("/") else head + "/"
