@@ -100,7 +100,12 @@ class Batch(Generic[V]):
 
 @dataclass(frozen=True)
 class _Entry(Generic[V]):
-    born: float
+    #: when the value was stored: it is fresh for ``ttl`` from then. Not from when its load
+    #: began (what the flight and batch rules compare with): a folder whose LIST takes longer
+    #: than the TTL (50,000 keys on a slow endpoint) would be stale on arrival and listed
+    #: again at every lookup, forever. So a value is at most ``ttl`` plus its load's
+    #: duration old.
+    arrived: float
     value: V | None = None
     error: BaseException | None = None
 
@@ -136,7 +141,7 @@ class LoadingCache(Generic[V]):
         entry = self._data.get(key)
         if entry is None:
             return None
-        if self.ttl is not None and now - entry.born >= self.ttl:
+        if self.ttl is not None and now - entry.arrived >= self.ttl:
             del self._data[key]
             return None
         self._data.move_to_end(key)
@@ -167,7 +172,6 @@ class LoadingCache(Generic[V]):
         return _unwrap(flight.value, flight.error)
 
     def _fly(self, key: str, flight: _Flight[V], loader: Callable[[], V]) -> None:
-        born = self._clock()  # the answer is as old as the moment its load began
         try:
             flight.value = loader()
         except BaseException as exc:  # noqa: BLE001  # handed to every waiting caller
@@ -179,7 +183,7 @@ class LoadingCache(Generic[V]):
                 flight.error is None or isinstance(flight.error, self._negative)
             )
             if keep:
-                self._store(key, _Entry(born, flight.value, flight.error))
+                self._store(key, _Entry(self._clock(), flight.value, flight.error))
             elif flight.stale:
                 self.discarded += 1
         flight.done.set()
@@ -207,7 +211,7 @@ class LoadingCache(Generic[V]):
                 if batch.spoiled(key, born):
                     self.discarded += 1
                 elif self._fresh(key, now) is None:
-                    self._store(key, _Entry(born, value))
+                    self._store(key, _Entry(now, value))
                     stored += 1
             return stored
 
@@ -236,7 +240,7 @@ class LoadingCache(Generic[V]):
             if entry is None or entry.value is None:
                 self._data.pop(key, None)  # a negative entry says nothing about the change
                 return False
-            self._data[key] = _Entry(entry.born, change(entry.value))
+            self._data[key] = _Entry(entry.arrived, change(entry.value))
             return True
 
     def _ground(self, key: str) -> None:

@@ -482,3 +482,25 @@ def test_splitter_hands_out_each_folder_once_it_is_whole() -> None:
     [(_, entries, _)] = root.finish()
     assert list(entries.files) == ["f"]
     assert not entries.dirs
+
+
+def test_a_listing_slower_than_the_ttl_is_used_for_a_ttl_after_it_arrives() -> None:
+    """A LIST of a huge folder that takes longer than the TTL (50,000 keys on a slow
+    endpoint) is not stale on arrival: it answers for ``ttl`` seconds from then, instead of
+    every lookup listing the folder again."""
+    now = [0.0]
+    cache: LoadingCache[int] = LoadingCache(5.0, clock=lambda: now[0])
+    loads = 0
+
+    def slow_list() -> int:
+        nonlocal loads
+        loads += 1
+        now[0] += 30.0  # the listing takes 30 s, six TTLs
+        return loads
+
+    assert cache.load("zarr/", slow_list) == 1
+    now[0] += 4.0
+    assert cache.load("zarr/", slow_list) == 1  # 34 s after the LIST began, 4 s after it came
+    now[0] += 1.0
+    assert cache.load("zarr/", slow_list) == 2  # a TTL after it came: listed again
+    assert loads == 2
