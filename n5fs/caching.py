@@ -24,6 +24,14 @@ answers ENOENT until the TTL). Here every load is a *flight*:
   cache can know). A batch is not single-flight by itself: its owner shares it (the
   gateway's walks of arrays).
 
+With ``revalidate_after`` (the gateway's folder listings), a value past its TTL whose load took
+at least that long is served at once while one flight refreshes it on a small pool
+(:data:`REFRESHERS` threads), as HTTP's stale-while-revalidate: a folder whose LIST takes
+seconds (50,000 keys on a slow endpoint) then never stalls the lookups in it, and such a value
+is at most the TTL plus one refresh old. A quick load is simply repeated at expiry (the next
+caller sees the store as it is then). Only expiry is served stale: an invalidation (a commit)
+drops the value, and the next caller waits for a fresh one.
+
 Lock discipline: one internal lock guards the entries and the flight table; it is held only for
 dictionary operations, never while a loader runs, so a loader may use other caches (the
 detector's loads of a folder use its parent's entry). This module imports only the standard
@@ -36,6 +44,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -45,6 +54,8 @@ Clock = Callable[[], float]
 
 #: ``Batch.fill`` stores this many values per hold of the lock
 _FILL_SLICE = 1024
+#: threads refreshing expired values behind the callers (``revalidate``), per cache
+REFRESHERS = 2
 
 
 @dataclass(eq=False)
@@ -108,6 +119,8 @@ class _Entry(Generic[V]):
     arrived: float
     value: V | None = None
     error: BaseException | None = None
+    #: how long the load took (from when it began to when it arrived)
+    took: float = 0.0
 
 
 class LoadingCache(Generic[V]):
@@ -121,6 +134,7 @@ class LoadingCache(Generic[V]):
         max_entries: int = 100_000,
         clock: Clock = time.monotonic,
         negative: tuple[type[BaseException], ...] = (),
+        revalidate_after: float | None = None,
     ) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
@@ -133,19 +147,30 @@ class LoadingCache(Generic[V]):
         self.hits = 0
         self.misses = 0
         self.discarded = 0  # loads not stored because an invalidation overtook them
+        self.revalidate_after = revalidate_after
+        self.stale_hits = 0  # expired values served while a refresh ran behind
+        self._refresher: ThreadPoolExecutor | None = None
 
     # -- reading -------------------------------------------------------------------------------
 
     def _fresh(self, key: str, now: float) -> _Entry[V] | None:
-        """The live entry of ``key`` (caller holds the lock)."""
+        """The live entry of ``key`` (caller holds the lock). An expired one is dropped,
+        unless it may be served while it is refreshed (``revalidate``, a positive entry)."""
         entry = self._data.get(key)
         if entry is None:
             return None
         if self.ttl is not None and now - entry.arrived >= self.ttl:
-            del self._data[key]
+            if not self._serves_stale(entry):
+                del self._data[key]
             return None
         self._data.move_to_end(key)
         return entry
+
+    def _serves_stale(self, entry: _Entry[V]) -> bool:
+        """May this expired entry answer while it is refreshed? A value whose load took at
+        least ``revalidate_after`` seconds: a quick one is simply loaded again."""
+        after = self.revalidate_after
+        return after is not None and entry.error is None and entry.took >= after
 
     def get(self, key: str) -> V | None:
         """The cached value, or None (absent, expired, or a negative entry); never loads."""
@@ -153,25 +178,56 @@ class LoadingCache(Generic[V]):
             entry = self._fresh(key, self._clock())
         return entry.value if entry is not None else None
 
+    def answers(self, key: str) -> bool:
+        """Would :meth:`load` answer ``key`` without waiting (a live value, or an expired one
+        it serves while refreshing)? Never loads."""
+        with self._lock:
+            now = self._clock()
+            if self._fresh(key, now) is not None:
+                return True
+            return key in self._data  # kept by _fresh only when it serves stale
+
     def load(self, key: str, loader: Callable[[], V]) -> V:
-        """The cached value, else the value of one shared call of ``loader``."""
+        """The cached value, else the value of one shared call of ``loader``; an expired
+        value whose load was slow (``revalidate_after``) at once, while one call refreshes it
+        behind."""
         with self._lock:
             entry = self._fresh(key, self._clock())
             if entry is not None:
                 self.hits += 1
                 return _unwrap(entry.value, entry.error)
-            self.misses += 1
+            stale = self._data.get(key)  # kept by _fresh only to be served while refreshed
             flight = self._flights.get(key)
             owner = flight is None
             if flight is None:
                 flight = self._flights[key] = _Flight()
+            if stale is None:
+                self.misses += 1
+            else:
+                self.stale_hits += 1
+        if stale is not None:
+            if owner:
+                self._refresh(key, flight, loader)
+            return _unwrap(stale.value, None)
         if not owner:
             flight.done.wait()
             return _unwrap(flight.value, flight.error)
         self._fly(key, flight, loader)
         return _unwrap(flight.value, flight.error)
 
+    def _refresh(self, key: str, flight: _Flight[V], loader: Callable[[], V]) -> None:
+        """Run the flight on the refresh pool (inline if the interpreter is shutting down)."""
+        with self._lock:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(REFRESHERS, thread_name_prefix="n5fs-refresh")
+            pool = self._refresher
+        try:
+            pool.submit(self._fly, key, flight, loader)
+        except RuntimeError:
+            self._fly(key, flight, loader)
+
     def _fly(self, key: str, flight: _Flight[V], loader: Callable[[], V]) -> None:
+        began = self._clock()
         try:
             flight.value = loader()
         except BaseException as exc:  # noqa: BLE001  # handed to every waiting caller
@@ -183,7 +239,8 @@ class LoadingCache(Generic[V]):
                 flight.error is None or isinstance(flight.error, self._negative)
             )
             if keep:
-                self._store(key, _Entry(self._clock(), flight.value, flight.error))
+                now = self._clock()
+                self._store(key, _Entry(now, flight.value, flight.error, now - began))
             elif flight.stale:
                 self.discarded += 1
         flight.done.set()
@@ -211,7 +268,7 @@ class LoadingCache(Generic[V]):
                 if batch.spoiled(key, born):
                     self.discarded += 1
                 elif self._fresh(key, now) is None:
-                    self._store(key, _Entry(now, value))
+                    self._store(key, _Entry(now, value, took=now - born))
                     stored += 1
             return stored
 
@@ -240,7 +297,7 @@ class LoadingCache(Generic[V]):
             if entry is None or entry.value is None:
                 self._data.pop(key, None)  # a negative entry says nothing about the change
                 return False
-            self._data[key] = _Entry(entry.arrived, change(entry.value))
+            self._data[key] = _Entry(entry.arrived, change(entry.value), took=entry.took)
             return True
 
     def _ground(self, key: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -504,3 +505,54 @@ def test_a_listing_slower_than_the_ttl_is_used_for_a_ttl_after_it_arrives() -> N
     now[0] += 1.0
     assert cache.load("zarr/", slow_list) == 2  # a TTL after it came: listed again
     assert loads == 2
+
+
+def test_a_slow_listing_answers_past_its_ttl_while_one_refresh_runs_behind() -> None:
+    """Stale-while-revalidate for slow loads only: once a slow listing expires, lookups get it
+    at once while one load refreshes it on the pool (held here by an event, so the order is
+    fixed); the refreshed value answers after that. An invalidation (a commit) is never
+    answered stale: the refresh it overtook is not stored and the next caller waits."""
+    now = [0.0]
+    cache: LoadingCache[int] = LoadingCache(5.0, clock=lambda: now[0], revalidate_after=1.0)
+    gate, started = threading.Event(), threading.Event()
+    loads = []
+
+    def slow_list() -> int:
+        loads.append(len(loads) + 1)
+        if len(loads) > 1:
+            started.set()
+            assert gate.wait(30)
+        now[0] += 2.0  # two seconds: a slow listing
+        return loads[-1]
+
+    assert cache.load("zarr/", slow_list) == 1
+    now[0] += 10.0  # expired
+    assert cache.load("zarr/", slow_list) == 1  # at once, stale; the refresh runs behind
+    assert started.wait(30)
+    assert cache.load("zarr/", slow_list) == 1  # still refreshing: one refresh, not two
+    assert (cache.stale_hits, len(loads)) == (2, 2)
+    gate.set()
+    for _ in range(3000):  # the refresh lands on the pool thread
+        if cache.get("zarr/") == 2:
+            break
+        time.sleep(0.01)
+    assert cache.load("zarr/", slow_list) == 2
+
+    now[0] += 10.0
+    gate.clear()
+    started.clear()
+    assert cache.load("zarr/", slow_list) == 2  # stale, refresh 3 held
+    assert started.wait(30)
+    cache.invalidate("zarr/")  # a commit: the held refresh is overtaken
+    gate.set()
+    assert cache.load("zarr/", slow_list) == 4  # waits for a fresh load, never stale
+
+
+def test_a_quick_listing_is_listed_again_at_expiry() -> None:
+    now = [0.0]
+    cache: LoadingCache[int] = LoadingCache(5.0, clock=lambda: now[0], revalidate_after=1.0)
+    values = iter(range(1, 10))
+    assert cache.load("small/", lambda: next(values)) == 1
+    now[0] += 5.0
+    assert cache.load("small/", lambda: next(values)) == 2  # the caller waits: it was quick
+    assert cache.stale_hits == 0

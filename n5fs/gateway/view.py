@@ -59,6 +59,11 @@ if TYPE_CHECKING:
 _EMPTY = DirEntries()
 
 
+#: a folder listing that took this long is served past its TTL while it is listed again
+#: (:mod:`n5fs.caching`): half a second is some five to ten LIST pages of 1,000 keys on S3
+SLOW_LISTING = 0.5
+
+
 class NamespaceView:
     def __init__(
         self,
@@ -79,7 +84,11 @@ class NamespaceView:
         self.writable = writable
         self.show_control = show_control
         self._control = control
-        self.listings: LoadingCache[DirEntries] = LoadingCache(ttl, clock=clock)
+        # an expired listing that took a while to read answers while it is read again (not
+        # in strict consistency, whose TTL of 0 asks the store on every lookup)
+        self.listings: LoadingCache[DirEntries] = LoadingCache(
+            ttl, clock=clock, revalidate_after=SLOW_LISTING if ttl else None
+        )
         self.walks = ArrayWalks(store, self.listings, budget=flat_keys, ttl=ttl, clock=clock)
         self._vdirs: set[str] = set()
         self._vlock = threading.Lock()
@@ -87,7 +96,7 @@ class NamespaceView:
     # -- listings ------------------------------------------------------------------------------
 
     def entries(self, prefix: str) -> DirEntries:
-        if self.listings.get(prefix) is None:
+        if not self.listings.answers(prefix):  # (an expired slow listing answers, refreshed)
             if self._absent(prefix):
                 return _EMPTY
             if self._walked(prefix) and self._absent(prefix):
