@@ -27,8 +27,9 @@ answers ENOENT until the TTL). Here every load is a *flight*:
 With ``revalidate_after`` (the gateway's folder listings), a value past its TTL whose load took
 at least that long is served at once while one flight refreshes it on a small pool
 (:data:`REFRESHERS` threads), as HTTP's stale-while-revalidate: a folder whose LIST takes
-seconds (50,000 keys on a slow endpoint) then never stalls the lookups in it, and such a value
-is at most the TTL plus one refresh old. A quick load is simply repeated at expiry (the next
+seconds (50,000 keys on a slow endpoint) then never stalls the lookups in it. Such a value
+lives the TTL or four times as long as its load took, whichever is longer (so refreshes keep
+the store busy a quarter of the time at most), plus one refresh. A quick load is simply repeated at expiry (the next
 caller sees the store as it is then). Only expiry is served stale: an invalidation (a commit)
 drops the value, and the next caller waits for a fresh one.
 
@@ -54,8 +55,10 @@ Clock = Callable[[], float]
 
 #: ``Batch.fill`` stores this many values per hold of the lock
 _FILL_SLICE = 1024
-#: threads refreshing expired values behind the callers (``revalidate``), per cache
+#: threads refreshing expired values behind the callers (``revalidate_after``), per cache
 REFRESHERS = 2
+#: with ``revalidate_after``, a value lives at least this many times as long as it took to load
+SLOW_LIFETIME = 4.0
 
 
 @dataclass(eq=False)
@@ -159,12 +162,21 @@ class LoadingCache(Generic[V]):
         entry = self._data.get(key)
         if entry is None:
             return None
-        if self.ttl is not None and now - entry.arrived >= self.ttl:
+        if self.ttl is not None and now - entry.arrived >= self._lifetime(entry):
             if not self._serves_stale(entry):
                 del self._data[key]
             return None
         self._data.move_to_end(key)
         return entry
+
+    def _lifetime(self, entry: _Entry[V]) -> float:
+        """The TTL; with ``revalidate_after``, at least :data:`SLOW_LIFETIME` times what the
+        load took, so refreshing a slow value keeps the store busy a quarter of the time at
+        most (a LIST of 50,000 keys that takes 20 s is read again every 80 s, not every 5)."""
+        assert self.ttl is not None
+        if self.revalidate_after is None:
+            return self.ttl
+        return max(self.ttl, SLOW_LIFETIME * entry.took)
 
     def _serves_stale(self, entry: _Entry[V]) -> bool:
         """May this expired entry answer while it is refreshed? A value whose load took at
