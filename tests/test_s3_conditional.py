@@ -19,6 +19,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from n5fs.errors import VersionConflict, errno_of
+from n5fs.gateway.conditional import Conditional
 from n5fs.kvstore import s3_conditional
 from n5fs.kvstore.s3 import MiB, S3Store, translate
 from n5fs.kvstore.spec import S3Spec
@@ -198,6 +199,21 @@ def test_read_only_store_answers_without_a_request(store: S3Store) -> None:
         "read-only store: no conditional writes"
     )
     assert sent == []
+
+
+def test_a_read_only_mount_of_a_shared_store_does_not_warn(
+    s3_server: Any, s3_bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Last-writer-wins is a warning for a mount that writes; a read-only one commits nothing."""
+    with (
+        dropping_conditions(s3_server.endpoint) as endpoint,
+        S3Store(S3Spec(bucket=s3_bucket, path=PREFIX, endpoint=endpoint)) as store,
+        caplog.at_level("INFO", logger="n5fs.gateway.conditional"),
+    ):
+        assert not Conditional.probe(ReadOnlyStore(store), wanted=True).in_force
+        assert not Conditional.probe(store, wanted=True).in_force
+    levels = [r.levelname for r in caplog.records if "no conditional writes" in r.getMessage()]
+    assert levels == ["INFO", "WARNING"]
 
 
 # -- the scratch object: hidden, and swept after a killed probe -------------------------------

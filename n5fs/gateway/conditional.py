@@ -72,7 +72,7 @@ class Conditional:
         where = store.spec.to_url()
         if reason is None:
             log.info("conditional writes in force on %s: metadata commits compare-and-swap", where)
-        elif store.shared_versions:
+        elif store.shared_versions and store.writable:  # a read-only mount commits nothing
             log.warning("%s", cls(store, reason=reason).announcement())
         else:
             log.info("no conditional writes on %s (%s): single writer", where, reason)
