@@ -149,7 +149,10 @@ def test_demo_store_is_detected_and_valid(capsys: pytest.CaptureFixture[str]) ->
     assert code == 0
     arrays = {n["path"]: n for n in json.loads(out)["nodes"] if n["kind"] == "array"}
     assert {p: a["format"] for p, a in arrays.items()} == {
-        "n5/raw": "n5", "zarr2/raw": "zarr2", "zarr3/raw": "zarr3"}
+        "n5/raw": "n5",
+        "zarr2/raw": "zarr2",
+        "zarr3/raw": "zarr3",
+    }
     code, out, _ = run(["validate", "--json", "demo:"], capsys)
     doc = json.loads(out)
     assert code == 0, doc
@@ -173,15 +176,19 @@ def test_s3_flags_reach_the_store(good: Path, s3_server, s3_bucket: str, capsys)
     client = s3_server.client()
     for path in sorted((good / "v2").rglob("*")):
         if path.is_file():
-            client.upload_file(str(path), s3_bucket, "v2/" + path.relative_to(good / "v2").as_posix())
-    code, out, err = run(["detect", "--json", "--endpoint", s3_server.endpoint,
-                          f"s3://{s3_bucket}/v2/"], capsys)
+            client.upload_file(
+                str(path), s3_bucket, "v2/" + path.relative_to(good / "v2").as_posix()
+            )
+    code, out, err = run(
+        ["detect", "--json", "--endpoint", s3_server.endpoint, f"s3://{s3_bucket}/v2/"], capsys
+    )
     assert code == 0, err
     doc = json.loads(out)
     assert doc["source"]["endpoint"] == s3_server.endpoint
     assert {n["path"] for n in doc["nodes"]} >= {"", "raw", "labels/seg"}
-    code, _, err = run(["validate", "--endpoint", s3_server.endpoint, f"s3://{s3_bucket}/v2/"],
-                       capsys)
+    code, _, err = run(
+        ["validate", "--endpoint", s3_server.endpoint, f"s3://{s3_bucket}/v2/"], capsys
+    )
     assert code == 0, err
 
 

@@ -31,16 +31,23 @@ from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import FaultyStore, ForwardingStore
 from tests.writers import ramp, tensorstore_n5, zarr_python_hierarchy
 
-N5_ATTRS = {"dimensions": [10, 8], "blockSize": [4, 4], "dataType": "uint16",
-            "compression": {"type": "gzip", "level": -1}}
+N5_ATTRS = {
+    "dimensions": [10, 8],
+    "blockSize": [4, 4],
+    "dataType": "uint16",
+    "compression": {"type": "gzip", "level": -1},
+}
 
 
 def n5_block(dims: list[int], values: np.ndarray | None = None) -> bytes:
     """An N5 block as N5 Java writes it: mode 0, ndim, big-endian dims, gzip payload."""
     n = int(np.prod(dims))
     payload = (values if values is not None else np.arange(n)).astype(">u2").tobytes()
-    header = (0).to_bytes(2, "big") + len(dims).to_bytes(2, "big") + b"".join(
-        d.to_bytes(4, "big") for d in dims)
+    header = (
+        (0).to_bytes(2, "big")
+        + len(dims).to_bytes(2, "big")
+        + b"".join(d.to_bytes(4, "big") for d in dims)
+    )
     return header + gzip.compress(payload, mtime=0)
 
 
@@ -54,8 +61,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> KvStore:
     bucket = request.getfixturevalue("s3_bucket")
     from n5fs.kvstore import open_store
 
-    return open_store({"driver": "s3", "bucket": bucket, "path": "gw/",
-                       "endpoint": server.endpoint})
+    return open_store(
+        {"driver": "s3", "bucket": bucket, "path": "gw/", "endpoint": server.endpoint}
+    )
 
 
 @pytest.fixture
@@ -163,9 +171,13 @@ def test_read_only(store: KvStore) -> None:
     store.set("k", b"v")
     gw = Gateway(store, GatewayConfig(read_only=True))
     assert gw.read_file("/k") == b"v"
-    for call in (lambda: gw.write_file("/k", b"x"), lambda: gw.unlink("/k"),
-                 lambda: gw.mkdir("/d"), lambda: gw.rename("/k", "/j"),
-                 lambda: gw.open("/k", os.O_WRONLY)):
+    for call in (
+        lambda: gw.write_file("/k", b"x"),
+        lambda: gw.unlink("/k"),
+        lambda: gw.mkdir("/d"),
+        lambda: gw.rename("/k", "/j"),
+        lambda: gw.open("/k", os.O_WRONLY),
+    ):
         with pytest.raises(ReadOnly) as info:
             call()
         assert errno_of(info.value) == errno.EROFS
@@ -264,8 +276,10 @@ def test_structural_change_refused_while_chunks_exist(gw: Gateway) -> None:
     with pytest.raises(Rejected) as info:
         gw.write_file("/vol/attributes.json", json.dumps(changed).encode())
     assert info.value.rule == "structural-change"
-    gw.write_file("/vol/attributes.json",
-                  json.dumps({**N5_ATTRS, "dimensions": [12, 8], "note": "resized"}).encode())
+    gw.write_file(
+        "/vol/attributes.json",
+        json.dumps({**N5_ATTRS, "dimensions": [12, 8], "note": "resized"}).encode(),
+    )
     gw.unlink("/vol/0/0")
     gw.write_file("/vol/attributes.json", json.dumps(changed).encode())  # no chunks: allowed
 
@@ -274,8 +288,9 @@ def test_growing_past_a_clipped_end_block_is_refused(gw: Gateway) -> None:
     n5_array(gw)
     gw.write_file("/vol/2/0", n5_block([2, 4]))  # clipped end block along dim 0
     with pytest.raises(Rejected) as info:
-        gw.write_file("/vol/attributes.json",
-                      json.dumps({**N5_ATTRS, "dimensions": [16, 8]}).encode())
+        gw.write_file(
+            "/vol/attributes.json", json.dumps({**N5_ATTRS, "dimensions": [16, 8]}).encode()
+        )
     assert info.value.rule == "stored-chunk-invalid"
 
 
@@ -336,8 +351,16 @@ def test_zmetadata_stays_true_after_a_new_array(tmp_path: Path) -> None:
     zarr_python_hierarchy(root, 2)
     zarr.consolidate_metadata(str(root))
     gw = Gateway(FileStore(root))
-    zarray = {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<i4",
-              "compressor": None, "fill_value": 0, "order": "C", "filters": None}
+    zarray = {
+        "zarr_format": 2,
+        "shape": [4],
+        "chunks": [2],
+        "dtype": "<i4",
+        "compressor": None,
+        "fill_value": 0,
+        "order": "C",
+        "filters": None,
+    }
     gw.write_file("/labels/new/.zarray", json.dumps(zarray).encode())
     gw.write_file("/labels/new/.zattrs", b'{"unit": "nm"}')
     doc = json.loads((root / ".zmetadata").read_text())
@@ -372,14 +395,18 @@ def test_hdmf_links_are_symlinks(gw: Gateway) -> None:
     gw.write_file("/.zattrs", b'{"namespace": "core", "neurodata_type": "NWBFile"}')
     gw.write_file("/acq/.zgroup", b'{"zarr_format": 2}')
     gw.write_file("/proc/.zgroup", b'{"zarr_format": 2}')
-    gw.write_file("/proc/.zattrs", json.dumps({"zarr_link": [
-        {"name": "raw", "source": ".", "path": "/acq"}]}).encode())
+    gw.write_file(
+        "/proc/.zattrs",
+        json.dumps({"zarr_link": [{"name": "raw", "source": ".", "path": "/acq"}]}).encode(),
+    )
     assert gw.stat("/proc/raw").kind is EntryKind.SYMLINK
     assert gw.readlink("/proc/raw") == "../acq"
     assert dict(gw.readdir("/proc"))["raw"].kind is EntryKind.SYMLINK
     gw.symlink("../acq", "/proc/again")
     attrs = json.loads(gw.store.get("proc/.zattrs") or b"{}")
-    assert {"name": "again", "source": ".", "path": "/acq"}.items() <= attrs["zarr_link"][-1].items()
+    assert {"name": "again", "source": ".", "path": "/acq"}.items() <= attrs["zarr_link"][
+        -1
+    ].items()
     gw.unlink("/proc/raw")
     with pytest.raises(KeyNotFound):
         gw.stat("/proc/raw")
@@ -488,8 +515,10 @@ def test_empty_new_chunk_is_judged_at_release(gw: Gateway) -> None:
     gw.flush(fh)
     gw.release(fh)
     assert gw.store.get("vol/1/1") is None
-    assert json.loads(gw.read_file("/.n5fs/rejections").decode().splitlines()[-1])["path"] == \
-        "/vol/1/1"
+    assert (
+        json.loads(gw.read_file("/.n5fs/rejections").decode().splitlines()[-1])["path"]
+        == "/vol/1/1"
+    )
     with pytest.raises(KeyNotFound):
         gw.stat("/vol/1/1")
     fh = gw.create("/notes.txt", os.O_WRONLY)  # an ordinary empty file is stored at release

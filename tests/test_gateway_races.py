@@ -31,8 +31,16 @@ from n5fs.validate import Validator
 
 WAIT = 30.0  # generous: a deadlock fails the test instead of hanging it
 
-ZARRAY = {"zarr_format": 2, "shape": [16], "chunks": [4], "dtype": "|u1", "compressor": None,
-          "fill_value": 0, "order": "C", "filters": None}
+ZARRAY = {
+    "zarr_format": 2,
+    "shape": [16],
+    "chunks": [4],
+    "dtype": "|u1",
+    "compressor": None,
+    "fill_value": 0,
+    "order": "C",
+    "filters": None,
+}
 
 
 class Gate:
@@ -68,8 +76,14 @@ class HookedStore(ForwardingStore):
 
     def _pass(self, op: str, key: str, after: bool) -> None:
         with self._lock:
-            gate = next((g for g in self.gates if g.armed and g.op == op and g.after == after
-                         and g.match(key)), None)
+            gate = next(
+                (
+                    g
+                    for g in self.gates
+                    if g.armed and g.op == op and g.after == after and g.match(key)
+                ),
+                None,
+            )
             if gate is not None:
                 gate.armed = False
         if gate is not None:
@@ -97,12 +111,16 @@ class HookedStore(ForwardingStore):
 
     def get_many(self, keys):  # type: ignore[no-untyped-def]
         keys = list(keys)
-        return self._around("get_many", keys[0] if keys else "",
-                            lambda: super(HookedStore, self).get_many(keys))
+        return self._around(
+            "get_many", keys[0] if keys else "", lambda: super(HookedStore, self).get_many(keys)
+        )
 
     def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
-        return self._around("list", prefix,  # type: ignore[return-value]
-                            lambda: super(HookedStore, self).list(prefix, delimiter))
+        return self._around(
+            "list",
+            prefix,  # type: ignore[return-value]
+            lambda: super(HookedStore, self).list(prefix, delimiter),
+        )
 
     def set(self, key: str, value: bytes) -> None:
         self._around("set", key, lambda: super(HookedStore, self).set(key, value))
@@ -219,8 +237,9 @@ def test_chunk_commit_and_dtype_change_are_ordered(pool: ThreadPoolExecutor) -> 
     gate = store.gate("set", lambda key: key == "arr/0", after=False)
     chunk = pool.submit(gw.write_file, "/arr/0", b"abcd")
     gate.wait_reached()  # validated under |u1, about to be stored
-    change = pool.submit(gw.write_file, "/arr/.zarray",
-                         json.dumps({**ZARRAY, "dtype": "<u2"}).encode())
+    change = pool.submit(
+        gw.write_file, "/arr/.zarray", json.dumps({**ZARRAY, "dtype": "<u2"}).encode()
+    )
     assert not change.done()
     gate.release()
     result(chunk)
@@ -238,8 +257,12 @@ def test_concurrent_metadata_commits_keep_every_consolidated_entry(
     store = HookedStore(MemoryStore())
     gw = gateway(store)
     gw.write_file("/.zgroup", b'{"zarr_format": 2}')
-    gw.write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
-        ".zgroup": {"zarr_format": 2}}}).encode())
+    gw.write_file(
+        "/.zmetadata",
+        json.dumps(
+            {"zarr_consolidated_format": 1, "metadata": {".zgroup": {"zarr_format": 2}}}
+        ).encode(),
+    )
     gate = store.gate("get", lambda key: key == ".zmetadata")  # upkeep has read the document
     first = pool.submit(gw.write_file, "/a/.zarray", json.dumps(ZARRAY).encode())
     gate.wait_reached()
@@ -294,8 +317,12 @@ def test_subscribers_hear_of_refusals_and_derived_writes() -> None:
     heard: list[str] = []
     gw.subscribe(heard.extend)
     gw.write_file("/.zgroup", b'{"zarr_format": 2}')
-    gw.write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
-        ".zgroup": {"zarr_format": 2}}}).encode())
+    gw.write_file(
+        "/.zmetadata",
+        json.dumps(
+            {"zarr_consolidated_format": 1, "metadata": {".zgroup": {"zarr_format": 2}}}
+        ).encode(),
+    )
     heard.clear()
     gw.write_file("/a/.zarray", json.dumps(ZARRAY).encode())
     assert {"/a/.zarray", "/.zmetadata"} <= set(heard)
@@ -372,8 +399,12 @@ def test_loading_cache_grounds_flights_on_every_kind_of_change() -> None:
         finish.wait(WAIT)
         return 1
 
-    for change in (lambda: cache.invalidate("k"), lambda: cache.invalidate_prefix(""),
-                   cache.clear, lambda: cache.replace("k", lambda v: v + 1)):
+    for change in (
+        lambda: cache.invalidate("k"),
+        lambda: cache.invalidate_prefix(""),
+        cache.clear,
+        lambda: cache.replace("k", lambda v: v + 1),
+    ):
         started.clear()
         finish.clear()
         with ThreadPoolExecutor(1) as one:
@@ -525,8 +556,12 @@ def test_chunk_too_large_to_validate_is_refused_unread(monkeypatch: pytest.Monke
 def test_directory_rename_announces_the_consolidated_metadata_it_rewrote() -> None:
     gw = gateway(MemoryStore())
     gw.write_file("/.zgroup", b'{"zarr_format": 2}')
-    gw.write_file("/.zmetadata", json.dumps({"zarr_consolidated_format": 1, "metadata": {
-        ".zgroup": {"zarr_format": 2}}}).encode())
+    gw.write_file(
+        "/.zmetadata",
+        json.dumps(
+            {"zarr_consolidated_format": 1, "metadata": {".zgroup": {"zarr_format": 2}}}
+        ).encode(),
+    )
     gw.write_file("/a/.zarray", json.dumps(ZARRAY).encode())
     heard: list[str] = []
     gw.subscribe(heard.extend)

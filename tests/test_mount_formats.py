@@ -49,8 +49,9 @@ class Mounted:
         else:
             server = request.getfixturevalue("s3_server")
             bucket = request.getfixturevalue("s3_bucket")
-            self.source = json.dumps({"driver": "s3", "bucket": bucket, "path": "data/",
-                                      "endpoint": server.endpoint})
+            self.source = json.dumps(
+                {"driver": "s3", "bucket": bucket, "path": "data/", "endpoint": server.endpoint}
+            )
         self.mounter = mounter
         self.path = mounter.foreground(self.source)
 
@@ -86,23 +87,41 @@ def test_tensorstore_writes_n5_zarr_and_sharded_zarr3(mounted: Mounted) -> None:
     values = ramp((33, 20, 7), "uint16")
     tensorstore_n5(root / "n5", values, [16, 16, 4], {"type": "gzip"})
     for driver, path in (("zarr", "v2"), ("zarr3", "v3")):
-        spec = {"driver": driver, "kvstore": {"driver": "file", "path": str(root / path)},
-                "metadata": {"shape": list(values.shape), "data_type" if driver == "zarr3"
-                             else "dtype": "uint16" if driver == "zarr3" else "<u2"}}
+        spec = {
+            "driver": driver,
+            "kvstore": {"driver": "file", "path": str(root / path)},
+            "metadata": {
+                "shape": list(values.shape),
+                "data_type" if driver == "zarr3" else "dtype": "uint16"
+                if driver == "zarr3"
+                else "<u2",
+            },
+        }
         if driver == "zarr3":
-            spec["metadata"]["codecs"] = [{"name": "sharding_indexed", "configuration": {
-                "chunk_shape": [8, 8, 4],
-                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
-                           {"name": "gzip", "configuration": {"level": 4}}]}}]
-            spec["metadata"]["chunk_grid"] = {"name": "regular",
-                                              "configuration": {"chunk_shape": [16, 16, 4]}}
+            spec["metadata"]["codecs"] = [
+                {
+                    "name": "sharding_indexed",
+                    "configuration": {
+                        "chunk_shape": [8, 8, 4],
+                        "codecs": [
+                            {"name": "bytes", "configuration": {"endian": "little"}},
+                            {"name": "gzip", "configuration": {"level": 4}},
+                        ],
+                    },
+                }
+            ]
+            spec["metadata"]["chunk_grid"] = {
+                "name": "regular",
+                "configuration": {"chunk_shape": [16, 16, 4]},
+            }
         else:
             spec["metadata"]["chunks"] = [16, 16, 4]
         arr = ts.open(spec, create=True).result()
         arr.write(values).result()
     for driver, path in (("n5", "n5"), ("zarr", "v2"), ("zarr3", "v3")):
-        back = ts.open({"driver": driver, "kvstore": {"driver": "file",
-                                                      "path": str(root / path)}}).result()
+        back = ts.open(
+            {"driver": driver, "kvstore": {"driver": "file", "path": str(root / path)}}
+        ).result()
         np.testing.assert_array_equal(back.read().result(), values)
     assert_store_valid(mounted)
 
@@ -142,8 +161,11 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.mark.parametrize("tool", ["cp", "rsync", "tar"])
@@ -157,8 +179,9 @@ def test_tools_copy_datasets_in(mounted: Mounted, dataset: Path, tool: str, tmp_
         archive = tmp_path / "d.tar"
         with tarfile.open(archive, "w") as tf:
             tf.add(dataset, arcname="in")
-        subprocess.run(["tar", "-xf", str(archive), "-C", str(mounted.path)], check=True,
-                       timeout=120)
+        subprocess.run(
+            ["tar", "-xf", str(archive), "-C", str(mounted.path)], check=True, timeout=120
+        )
     assert tree(dest) == tree(dataset)
     assert_store_valid(mounted)
 
@@ -197,8 +220,9 @@ def test_hdmf_links_read_as_symlinks(mounted: Mounted) -> None:
     (root / "acq" / ".zgroup").write_text('{"zarr_format": 2}')
     (root / "proc").mkdir()
     (root / "proc" / ".zgroup").write_text('{"zarr_format": 2}')
-    (root / "proc" / ".zattrs").write_text(json.dumps(
-        {"zarr_link": [{"name": "raw", "source": ".", "path": "/nwb/acq"}]}))
+    (root / "proc" / ".zattrs").write_text(
+        json.dumps({"zarr_link": [{"name": "raw", "source": ".", "path": "/nwb/acq"}]})
+    )
     link = root / "proc" / "raw"
     assert link.is_symlink()
     assert os.readlink(link) == "../acq"
@@ -206,15 +230,24 @@ def test_hdmf_links_read_as_symlinks(mounted: Mounted) -> None:
     os.symlink("../acq", root / "proc" / "again")
     attrs = json.loads((root / "proc" / ".zattrs").read_text())
     assert [e["name"] for e in attrs["zarr_link"]] == ["raw", "again"]
-    found = subprocess.run(["find", "-L", str(root), "-name", ".zgroup"], capture_output=True,
-                           text=True, check=True, timeout=60).stdout.split()
+    found = subprocess.run(
+        ["find", "-L", str(root), "-name", ".zgroup"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.split()
     assert str(link / ".zgroup") in found
 
 
 def test_validate_runs_on_the_mount_itself(mounted: Mounted, dataset: Path) -> None:
     shutil.copytree(dataset / "v3", mounted.path / "v3")
-    proc = subprocess.run([sys.executable, "-m", "n5fs", "validate", "--json",
-                           str(mounted.path / "v3")], capture_output=True, text=True,
-                          timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "n5fs", "validate", "--json", str(mounted.path / "v3")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["checked"]["chunks"] > 0

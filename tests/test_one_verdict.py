@@ -31,13 +31,17 @@ from tests.writers import ramp, tensorstore_n5, tensorstore_zarr3, zarr_python_h
 
 def _files(root: Path) -> dict[str, bytes]:
     return {
-        p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
     }
 
 
 def _n5_block(dims: list[int]) -> bytes:
     n = int(np.prod(dims))
-    header = b"\x00\x00" + len(dims).to_bytes(2, "big") + b"".join(d.to_bytes(4, "big") for d in dims)
+    header = (
+        b"\x00\x00" + len(dims).to_bytes(2, "big") + b"".join(d.to_bytes(4, "big") for d in dims)
+    )
     return header + gzip.compress(np.arange(n, dtype=">u2").tobytes(), mtime=0)
 
 
