@@ -255,6 +255,8 @@ class LoadingCache(Generic[V]):
                 self._store(key, _Entry(now, flight.value, flight.error, now - began))
             elif flight.stale:
                 self.discarded += 1
+            else:  # a failed load: an expired value it was refreshing must not outlive it
+                self._data.pop(key, None)  # (the next caller loads, and sees the failure)
         flight.done.set()
 
     def batch(self, prefix: str) -> Batch[V]:

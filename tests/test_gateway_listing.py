@@ -559,3 +559,31 @@ def test_a_quick_listing_is_listed_again_at_expiry() -> None:
     now[0] += 5.0
     assert cache.load("small/", lambda: next(values)) == 2  # the caller waits: it was quick
     assert cache.stale_hits == 0
+
+
+def test_a_failed_refresh_ends_the_stale_answers() -> None:
+    """A store fault during a background refresh: the expired value is dropped, so the next
+    lookup loads again and answers the failure (EIO) instead of an ever older listing."""
+    now = [0.0]
+    cache: LoadingCache[int] = LoadingCache(5.0, clock=lambda: now[0], revalidate_after=1.0)
+    failing = threading.Event()
+    refreshed = threading.Event()
+
+    def slow_list() -> int:
+        now[0] += 2.0
+        if failing.is_set():
+            refreshed.set()
+            raise StoreUnavailable("the endpoint is gone")
+        return 1
+
+    assert cache.load("zarr/", slow_list) == 1
+    failing.set()
+    now[0] += 10.0
+    assert cache.load("zarr/", slow_list) == 1  # stale; the refresh fails behind
+    assert refreshed.wait(30)
+    for _ in range(3000):  # the failed flight lands on the pool thread
+        if not cache.answers("zarr/"):
+            break
+        time.sleep(0.01)
+    with pytest.raises(StoreUnavailable):
+        cache.load("zarr/", slow_list)
