@@ -56,6 +56,8 @@ def staged(base: Base | None = None, **kw: object) -> StagedFile:
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("write"), st.integers(0, 300), st.binary(min_size=1, max_size=90)),
+        # in order at the end: the overlay keeps such writes by reference, as pieces
+        st.tuples(st.just("append"), st.just(0), st.binary(min_size=1, max_size=90)),
         st.tuples(st.just("truncate"), st.integers(0, 400), st.just(b"")),
         st.tuples(st.just("read"), st.integers(0, 400), st.integers(0, 120)),
     ),
@@ -80,6 +82,8 @@ def test_staged_file_matches_a_bytearray(
     from_base = [True] * len(model)  # which bytes the base still provides
     for op, n, arg in steps:
         before = len(base.fetches) if base else 0
+        if op == "append":
+            op, n = "write", len(model)
         if op == "write":
             model[len(model) : n] = bytes(max(0, n - len(model)))
             from_base[len(from_base) : n] = [False] * max(0, n - len(from_base))
@@ -103,6 +107,9 @@ def test_staged_file_matches_a_bytearray(
                 assert all(from_base[offset : offset + length])
             if op == "read":
                 assert sum(n for _, n in new) == sum(from_base[n : n + arg])
+    parts = f.parts()
+    if parts is not None:
+        assert b"".join(parts) == bytes(model)
     assert f.getvalue() == bytes(model)
     path = f.spill_path()
     if path is not None:
@@ -111,6 +118,52 @@ def test_staged_file_matches_a_bytearray(
     assert f.read(7, 3) == bytes(model[3:10])
     f.close()
     assert shared.used == 0
+
+
+def test_in_order_writes_are_kept_by_reference_and_joined_only_on_demand() -> None:
+    """``cp`` writes in order from 0: the bytes FUSE handed over are the staged bytes (no
+    copy into a buffer) and :meth:`StagedFile.parts` gives them back unjoined."""
+    pieces = [bytes([i]) * (1 << 20) for i in range(4)] + [b"tail"]
+    f = staged()
+    for piece in pieces:
+        f.write(piece, f.size)
+    parts = f.parts()
+    assert parts is not None
+    assert [part.obj for part in parts] == pieces
+    assert all(part.obj is piece for part, piece in zip(parts, pieces, strict=True))
+    assert f.getvalue() == b"".join(pieces)
+    f.write(b"X", 5)  # out of order: the pieces become one buffer, content unchanged
+    parts = f.parts()
+    assert parts is not None
+    assert len(parts) == 1
+    assert bytes(parts[0]) == b"".join(pieces)[:5] + b"X" + b"".join(pieces)[6:]
+
+
+def test_many_small_in_order_writes_are_copied_into_one_buffer() -> None:
+    """Each kept piece costs an object header the budget does not count: past a few small
+    ones the overlay copies them into one buffer."""
+    f = staged()
+    for i in range(100):
+        f.write(bytes([i]), i)
+    parts = f.parts()
+    assert parts is not None
+    assert len(parts) < 20
+    assert b"".join(parts) == bytes(range(100))
+
+
+def test_spilling_kept_pieces_writes_them_without_a_joined_copy(tmp_path) -> None:
+    budget = StagingBudget(3 << 20)
+    f = StagedFile(None, budget=budget, tmp_dir=str(tmp_path))
+    pieces = [bytes([i + 1]) * (1 << 20) for i in range(5)]
+    for piece in pieces:
+        f.write(piece, f.size)
+    assert f.spilled
+    assert budget.used == 0
+    assert f.parts() is None
+    path = f.spill_path()
+    assert path is not None
+    with open(path, "rb") as spilled:
+        assert spilled.read() == b"".join(pieces)
 
 
 # == loading nothing it will not use ==============================================================

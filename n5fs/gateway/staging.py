@@ -32,7 +32,10 @@ import os
 import sys
 import tempfile
 import threading
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 from n5fs.errors import FileTooLarge
 
@@ -41,6 +44,10 @@ FETCH_PIECE = 8 << 20
 #: copies into the temp file skip all-zero blocks of this size (they stay holes)
 ZERO_BLOCK = 64 << 10
 _ZEROS = bytes(ZERO_BLOCK)
+#: a write shorter than this is a *small* piece; the in-memory overlay keeps at most
+#: MAX_SMALL_PIECES of them by reference (the tail of a chunk, a header) before copying
+SMALL_PIECE = 32 << 10
+MAX_SMALL_PIECES = 16
 
 
 class StagingBudget:
@@ -139,13 +146,30 @@ class _Ranges:
 
 
 class _Memory:
-    """The overlay in a bytearray, ``reserved`` bytes of the budget held for it (at least its
-    length). Bytes past the staged size and past the bytearray's end are zeros."""
+    """The overlay in memory, ``reserved`` bytes of the budget held for it (at least its
+    length). Bytes past the staged size and past the held bytes are zeros.
+
+    While the file is written strictly in order from offset 0 (``cp``, most writers) the
+    overlay keeps the written ``bytes`` objects themselves, by reference: the bytes FUSE
+    handed over are the staged bytes, and a commit joins them once. Why: copying each write
+    into a growing bytearray and then the bytearray into the value to store cost two copies
+    (and their page faults) of every byte; a raw 4 MiB chunk then cost the daemon more than
+    writing it to disk. Any other write, a truncate below the end, or too many small pieces
+    (each one's object header is memory the budget does not count) turn the pieces into the
+    bytearray once and go on there."""
 
     def __init__(self, budget: StagingBudget) -> None:
+        self.pieces: list[bytes] | None = []  # in-order writes, by reference; None: ``buf``
+        self._pieces_len = 0  # their total length
+        self.small = 0  # how many of ``pieces`` are shorter than SMALL_PIECE
         self.buf = bytearray()
         self.reserved = 0
         self._budget = budget
+
+    @property
+    def held(self) -> int:
+        """How many bytes the overlay holds (zeros follow up to the staged size)."""
+        return len(self.buf) if self.pieces is None else self._pieces_len
 
     def grow(self, end: int, limit: int) -> bool:
         """Room for bytes up to ``end``, or False (the budget said no). The reservation grows
@@ -163,17 +187,51 @@ class _Memory:
         return True
 
     def pwrite(self, data: bytes | memoryview, offset: int) -> None:
+        pieces = self.pieces
+        if pieces is not None:
+            if type(data) is bytes and offset == self._pieces_len:
+                small = len(data) < SMALL_PIECE
+                if not small or self.small < MAX_SMALL_PIECES:
+                    pieces.append(data)
+                    self._pieces_len += len(data)
+                    self.small += small
+                    return
+            self.flatten()
         if offset > len(self.buf):  # a write past the end: the gap reads as zeros
             self.buf += bytes(offset - len(self.buf))
         self.buf[offset : offset + len(data)] = data  # grow() reserved the room
 
+    def flatten(self) -> bytearray:
+        """Leave the piece list for the bytearray (one copy); return the bytearray."""
+        if self.pieces is not None:
+            self.buf = bytearray().join(self.pieces)
+            self.pieces, self._pieces_len, self.small = None, 0, 0
+        return self.buf
+
+    def parts(self) -> Iterator[tuple[int, memoryview]]:
+        """``(offset, bytes)`` of everything held, without copying it."""
+        if self.pieces is None:
+            yield 0, memoryview(self.buf)
+            return
+        offset = 0
+        for piece in self.pieces:
+            yield offset, memoryview(piece)
+            offset += len(piece)
+
     def pread(self, offset: int, size: int) -> bytes:
-        data = bytes(memoryview(self.buf)[offset : offset + size])
-        return data + bytes(size - len(data))
+        pieces = self.pieces
+        if pieces is not None and offset == 0 and size >= self._pieces_len:
+            data = b"".join(pieces)  # the commit's one copy (none for a single piece)
+        else:
+            data = bytes(memoryview(self.flatten())[offset : offset + size])
+        return data + bytes(size - len(data)) if len(data) < size else data
 
     def truncate(self, length: int) -> None:
-        if length < len(self.buf):
-            del self.buf[length:]
+        if length < self.held:
+            if length:
+                del self.flatten()[length:]
+            else:
+                self.pieces, self._pieces_len, self.small, self.buf = [], 0, 0, bytearray()
         if length < self.reserved:
             self._budget.release(self.reserved - length)
             self.reserved = length
@@ -329,6 +387,16 @@ class StagedFile:
         self._materialize()
         return self._overlay.pread(0, self._size)
 
+    def parts(self) -> list[memoryview] | None:
+        """The whole content as the pieces it was written in, without a copy, for a store
+        that writes parts (:meth:`~n5fs.kvstore.base.KvStore.set_parts`); None when it is
+        not held that way (spilled, or zeros past what was written: use :meth:`getvalue`)."""
+        self._materialize()
+        overlay = self._overlay
+        if not isinstance(overlay, _Memory) or overlay.held != self._size:
+            return None
+        return [part for _, part in overlay.parts()]
+
     def spill_path(self) -> str | None:
         """A path holding the complete content, for ``store.put_file``; None while the content
         is in memory (then use :meth:`getvalue`)."""
@@ -366,7 +434,8 @@ class StagedFile:
     def _spill_now(self, memory: _Memory) -> None:
         spill = _Spill(self._tmp_dir)
         try:
-            spill.fill(memoryview(memory.buf)[: self._size], 0)
+            for offset, part in memory.parts():  # no copy of the pieces: the budget is full
+                spill.fill(part[: max(self._size - offset, 0)], offset)
             spill.truncate(self._size)
         except BaseException:
             spill.close()
