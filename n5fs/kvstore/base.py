@@ -149,6 +149,15 @@ class KvStore(abc.ABC):
     def set(self, key: str, value: bytes) -> None:
         """Store ``value`` atomically under ``key``."""
 
+    #: :meth:`set_parts` writes the parts as they are (no joined copy of the value first)
+    writes_parts: ClassVar[bool] = False
+
+    def set_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> None:
+        """Store the concatenation of ``parts`` atomically under ``key``. A store that can
+        write them without joining them first (the file store: one ``write`` per part) says so
+        with :attr:`writes_parts`; the others store the joined value with :meth:`set`."""
+        self.set(key, b"".join(parts))
+
     @abc.abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key``; absent is a no-op (like ``rm -f``)."""

@@ -112,6 +112,20 @@ class KvStoreContract(abc.ABC):
         assert self.peek(store, key) == b"value two"
         assert store.get(key) == b"value two"
 
+    def test_set_parts_stores_their_concatenation(self, store: KvStore) -> None:
+        """A commit hands a store the pieces a file was written in; whether it writes them as
+        they are or joins them, the value is their concatenation, replacing what was there."""
+        big = bytes(range(256)) * 8192  # 2 MiB: the file store writes it in pieces
+        parts: list[bytes | memoryview] = [b"head", memoryview(big)[1:], b"", memoryview(b"tail")]
+        self.seed(store, "sp/k", b"old value")
+        store.set_parts("sp/k", parts)
+        store.flush()
+        assert self.peek(store, "sp/k") == b"head" + big[1:] + b"tail"
+        assert store.get("sp/k", ByteRange(4, 3)) == big[1:4]
+        with pytest.raises(ReadOnly):
+            ReadOnlyStore(store).set_parts("sp/k", [b"x"])
+        assert store.get("sp/k") == b"head" + big[1:] + b"tail"
+
     def test_delete(self, store: KvStore) -> None:
         self.seed(store, "d/k", b"x")
         store.delete("d/k")
