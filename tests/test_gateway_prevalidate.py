@@ -36,7 +36,9 @@ from n5fs.errors import Rejected
 from n5fs.formats.n5 import N5ArrayNode, N5Format
 from n5fs.gateway import Gateway, GatewayConfig, streamcheck
 from n5fs.gateway.prevalidate import Prechecks
+from n5fs.gateway.staging import StagedFile
 from n5fs.gateway.streamcheck import passes
+from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from tests.writers import tensorstore_n5
 
@@ -507,3 +509,28 @@ def test_zarr2_chunks_checked_while_written_decide_as_the_full_check(
                     assert want is None
                     assert used == (name in V2_HANDLED), key
     assert prechecked(full) == 0
+
+
+@pytest.mark.parametrize(("name", "joins"), [("raw", 0), ("gzip", 0), ("blosc", 1)])
+def test_a_file_store_gets_the_written_pieces_unjoined(
+    source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, joins: int
+) -> None:
+    """A chunk checked while it was written goes to a file store as the pieces it was written
+    in: no joined copy of its bytes at all. One the full check decides is joined once, and
+    that one value serves the check, the store and the byte cache."""
+    gw = Gateway(FileStore(str(tmp_path / "store")), GatewayConfig())
+    for key, data in metadata(source).items():
+        gw.write_file("/" + key, data)
+    joined: list[int] = []
+    getvalue = StagedFile.getvalue
+
+    def counted(self: StagedFile) -> bytes:
+        joined.append(self.size)
+        return getvalue(self)
+
+    monkeypatch.setattr(StagedFile, "getvalue", counted)
+    for key, data in chunks(source, name).items():
+        joined.clear()
+        assert outcome(gw, key, data, sequential(data, 1000)) is None
+        assert len(joined) == joins, key
+        assert (tmp_path / "store" / key).read_bytes() == data

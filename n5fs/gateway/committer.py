@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from functools import cache
 from typing import TYPE_CHECKING
 
 from n5fs.errors import NotSupported, Rejected, StaleVersion
@@ -46,7 +45,7 @@ if TYPE_CHECKING:
     from n5fs.gateway.conditional import Conditional
     from n5fs.gateway.handles import Node
     from n5fs.gateway.reader import ObjectReader
-    from n5fs.gateway.staging import StagingBudget
+    from n5fs.gateway.staging import StagedFile, StagingBudget
     from n5fs.gateway.view import NamespaceView
     from n5fs.kvstore.base import KvStore
 
@@ -178,13 +177,20 @@ class Committer:
         staged = node.staged
         assert staged is not None
         key = node.key
-        load = cache(staged.getvalue)  # one copy, shared by validation and the store
+        content = _Content(staged)
         pre = self.prechecks.finish(staged) if self.prechecks is not None else None
         with self.hold(key):
             try:
                 spilled = staged.spill_path()
                 version, mtime = self.write(
-                    key, load, staged.size, node.base, pre=pre, spilled=spilled, mtime=node.mtime
+                    key,
+                    content.whole,
+                    staged.size,
+                    node.base,
+                    pre=pre,
+                    spilled=spilled,
+                    mtime=node.mtime,
+                    parts=content.parts if self.store.writes_parts else None,
                 )
             except Rejected:
                 node.dirty = False
@@ -195,7 +201,7 @@ class Committer:
                 raise
             node.mtime = None
             node.base = version
-            self.after_set(key, staged.size, None if spilled else load(), mtime, version)
+            self.after_set(key, staged.size, None if spilled else content.joined, mtime, version)
         node.dirty = False
         node.stored = True
 
@@ -218,6 +224,7 @@ class Committer:
         pre: Precheck | None = None,
         spilled: str | None = None,
         mtime: float | None = None,
+        parts: Callable[[], Sequence[memoryview] | None] | None = None,
     ) -> tuple[str | None, float | None]:
         """Validate and store ``load()`` at ``key`` (caller holds the order for ``key``), with
         the modification time ``mtime`` if one was set while it was staged (``cp -a`` sets it
@@ -229,8 +236,11 @@ class Committer:
         if not self.versioned(key):
             self.validate(key, load, size, pre)
             if mtime is None:
+                pieces = parts() if parts is not None and spilled is None else None
                 if spilled is not None:
                     self.store.put_file(key, spilled)
+                elif pieces is not None:
+                    self.store.set_parts(key, pieces)
                 else:
                     self.store.set(key, load())
                 return None, None
@@ -337,6 +347,27 @@ class Committer:
         if self.mode is not Mode.OFF and is_metadata(key):
             changed += self.keeper.after_change(key, None)
         self.changed(changed)
+
+
+class _Content:
+    """A staged file's bytes for one commit: joined into one value only when something needs
+    them whole (a full check, a conditional or timed write, a store that cannot take parts),
+    and then once, shared by validation, the store and the byte cache. Otherwise a store that
+    writes parts gets the pieces the file was written in, and the join - a copy of every byte
+    - never happens."""
+
+    def __init__(self, staged: StagedFile) -> None:
+        self._staged = staged
+        self.joined: bytes | None = None
+
+    def whole(self) -> bytes:
+        if self.joined is None:
+            self.joined = self._staged.getvalue()
+        return self.joined
+
+    def parts(self) -> Sequence[memoryview] | None:
+        """The pieces, unjoined (None: not held that way, or joined already: write that)."""
+        return None if self.joined is not None else self._staged.parts()
 
 
 def _bounded(key: str, load: Callable[[], bytes], size: int | None) -> Callable[[], bytes]:
