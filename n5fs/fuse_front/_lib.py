@@ -34,10 +34,13 @@ import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
+from n5fs.fuse_front.attrs import BLKSIZE, StatMaker
 from n5fs.gateway.reader import PageCache
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+
+    from n5fs.gateway import Attr
 
 
 def _prefer_libfuse3() -> dict[str, str | None]:
@@ -135,6 +138,7 @@ LIBFUSE_VERSION: tuple[int, int] = _libfuse_version()
 
 FUSE_READDIR_PLUS = 1  # libfuse 3 readdir flag: the kernel asked for attributes too
 FUSE_FILL_DIR_PLUS = 2  # filler flag: this entry carries full attributes
+_DOT_MODE = 0o040755  # ``.`` and ``..``: a folder (the kernel reads the type alone)
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 #: libfuse's ``enum fuse_buf_flags``: the buffer is a descriptor, read at ``pos``
@@ -279,57 +283,78 @@ def invalidate_path(fuse_ptr: int, path: str) -> int:
 class DirSource(Protocol):
     """What :class:`N5fsFUSE` needs from the operations object beyond mfusepy's API."""
 
-    def dir_entries(
-        self, path: str, fh: int, offset: int = 0
-    ) -> Sequence[tuple[str, dict[str, int]]]: ...
+    to_stat: StatMaker
+
+    def dir_listing(self, path: str, fh: int, offset: int = 0) -> Sequence[tuple[str, Attr]]: ...
 
     def page_cache(self, path: str, fh: int) -> PageCache: ...
 
 
 def _entries_from(
     ops: DirSource, path: str, fh: int, offset: int
-) -> Iterator[tuple[int, str, dict[str, int] | None]]:
+) -> Iterator[tuple[int, str, Attr | None]]:
     """``.``, ``..`` and the snapshot taken at opendir, numbered from 1 so the kernel can
     resume at any offset without the listing being rebuilt (50k entries need ~275 calls)."""
-    entries = ops.dir_entries(path, fh, offset)
+    entries = ops.dir_listing(path, fh, offset)
     if offset < 1:
         yield 1, ".", None
     if offset < 2:
         yield 2, "..", None
     for index in range(max(offset - 2, 0), len(entries)):
-        name, st = entries[index]
-        yield index + 3, name, st
+        name, attr = entries[index]
+        yield index + 3, name, attr
 
 
 class _StatFiller:
-    """Fills one ``struct stat`` from the ``st_*`` dicts :class:`~n5fs.fuse_front.attrs.StatMaker`
-    makes, field by field. Why: readdir-plus fills one per entry, and mfusepy's generic
-    ``set_st_attrs`` (a loop of ``getattr``/``setattr`` over the dict) cost 3.7 us an entry, a
-    memset included, where these assignments cost 0.5 us: ``find`` over 50k chunk files spent
-    a quarter of its time there. A dict of another shape goes to ``set_st_attrs``."""
+    """Fills one ``struct stat`` field by field: from an entry's :class:`Attr` (readdir-plus;
+    ``maker`` says how, as :class:`~n5fs.fuse_front.attrs.StatMaker`'s ``st_*`` dicts do) or
+    from such a dict.
+
+    Why: readdir-plus fills one per entry, and a dict per entry handed to mfusepy's generic
+    ``set_st_attrs`` (a loop of ``getattr``/``setattr``, a memset included) cost 3.7 us where
+    these assignments cost 0.5 us, and making the dict as much again. The fields common to
+    every entry (owner, block size) are set once; each entry sets all the others, so nothing
+    of one entry leaks into the next. A dict of another shape goes to ``set_st_attrs``."""
 
     _KEYS = frozenset(
         ("st_mode", "st_nlink", "st_size", "st_blocks", "st_blksize", "st_uid", "st_gid",
          "st_atime", "st_mtime", "st_ctime")
     )  # fmt: skip
 
-    def __init__(self, st: Any) -> None:
+    def __init__(self, st: Any, maker: StatMaker | None = None) -> None:
         self.st = st
+        self.maker = maker
         self.times = (st.st_atimespec, st.st_mtimespec, st.st_ctimespec)  # views into st
-        self.dirty = True  # fields other than ours may be set: zero them first
+        self.dirty = True  # fields other than ours may be set, or ours unset: start over
 
-    def clear(self) -> None:
-        ctypes.memset(ctypes.byref(self.st), 0, ctypes.sizeof(self.st))
+    def _reset(self, uid: int, gid: int) -> None:
+        st = self.st
+        ctypes.memset(ctypes.byref(st), 0, ctypes.sizeof(st))
+        st.st_uid, st.st_gid, st.st_blksize = uid, gid, BLKSIZE
         self.dirty = False
 
-    def __call__(self, attrs: dict[str, int]) -> None:
+    def __call__(self, attrs: Attr | dict[str, int]) -> None:
+        if isinstance(attrs, dict):
+            self._fill_dict(attrs)
+            return
+        maker = self.maker
+        assert maker is not None, "an Attr needs the StatMaker"
+        if self.dirty:
+            self._reset(maker.uid, maker.gid)
+        st = self.st
+        st.st_mode, st.st_nlink, st.st_size, st.st_blocks, mtime_ns = maker.fields(attrs)
+        sec, nsec = divmod(mtime_ns, 1_000_000_000)
+        for spec in self.times:
+            spec.tv_sec, spec.tv_nsec = sec, nsec
+
+    def _fill_dict(self, attrs: dict[str, int]) -> None:
         if attrs.keys() != self._KEYS:
-            self.clear()
+            ctypes.memset(ctypes.byref(self.st), 0, ctypes.sizeof(self.st))
             _fuse.set_st_attrs(self.st, attrs, use_ns=True)
             self.dirty = True
             return
         if self.dirty:
-            self.clear()
+            self._reset(attrs["st_uid"], attrs["st_gid"])
         st = self.st
         st.st_mode = attrs["st_mode"]
         st.st_nlink = attrs["st_nlink"]
@@ -357,26 +382,34 @@ if IS_MFUSEPY:
         def _fill(
             self, path: bytes, buf: Any, filler: Any, offset: int, fip: Any, plus: bool
         ) -> int:
+            """Answer one readdir request from the opendir snapshot. Attributes are made only
+            for a request that asks for them (READDIRPLUS): for a plain one the kernel reads
+            ``st_mode`` alone (the entry's type), so ``find``, which stats nothing, pays for
+            no attributes past the first request (the kernel asks for them at offset 0)."""
+            ops = self.operations
             st = _fuse.c_stat()
-            fill = _StatFiller(st)
-            dir_mode = {"st_mode": 0o040755}
-            for next_offset, name, attrs in _entries_from(
-                self.operations, self._path(path), fip.contents.fh, offset
+            fill = _StatFiller(st, ops.to_stat)
+            mode = ops.to_stat.mode
+            encoding, errors = self.encoding, self.errors
+            v2 = LIBFUSE_VERSION[0] == 2
+            for next_offset, name, attr in _entries_from(
+                ops, self._path(path), fip.contents.fh, offset
             ):
                 flags = 0
-                if plus and attrs is not None:
-                    fill(attrs)
+                if attr is None:
+                    st.st_mode = _DOT_MODE
+                elif plus:
+                    fill(attr)
                     flags = FUSE_FILL_DIR_PLUS
                 else:
-                    fill.clear()
-                    st.st_mode = (attrs or dir_mode)["st_mode"]
-                raw = name.encode(self.encoding, self.errors)
-                args = (
-                    (buf, raw, st, next_offset)
-                    if LIBFUSE_VERSION[0] == 2
-                    else (buf, raw, st, next_offset, flags)
+                    st.st_mode = mode(attr)  # the kernel reads the type alone from it
+                raw = name.encode(encoding, errors)
+                full = (
+                    filler(buf, raw, st, next_offset)
+                    if v2
+                    else filler(buf, raw, st, next_offset, flags)
                 )
-                if filler(*args) != 0:
+                if full != 0:
                     break
             return 0
 

@@ -58,14 +58,30 @@ class StatMaker:
         }
         object.__setattr__(self, "_modes", modes)
 
+    def mode(self, attr: Attr) -> int:
+        """``st_mode``: all readdir tells the kernel of an entry it asked no attributes for."""
+        return self._modes[id(attr.kind), bool(attr.writable)]
+
+    def fields(self, attr: Attr) -> tuple[int, int, int, int, int]:
+        """``(st_mode, st_nlink, st_size, st_blocks, mtime_ns)``: what differs between the
+        entries of a mount (the rest is :attr:`uid`, :attr:`gid` and :data:`BLKSIZE`; every
+        time is the mtime). Readdir-plus fills a ``struct stat`` from these without a dict."""
+        kind, size = attr.kind, attr.size
+        return (
+            self._modes[id(kind), bool(attr.writable)],
+            2 if kind is _DIR else 1,
+            size,
+            -(-size // BLOCK_UNIT),
+            int(attr.mtime * 1e9) if attr.mtime > 0 else self.mounted_ns,
+        )
+
     def __call__(self, attr: Attr) -> dict[str, int]:
-        mtime = int(attr.mtime * 1e9) if attr.mtime > 0 else self.mounted_ns
-        kind = attr.kind
+        mode, nlink, size, blocks, mtime = self.fields(attr)
         return {
-            "st_mode": self._modes[id(kind), bool(attr.writable)],
-            "st_nlink": 2 if kind is _DIR else 1,
-            "st_size": attr.size,
-            "st_blocks": -(-attr.size // BLOCK_UNIT),
+            "st_mode": mode,
+            "st_nlink": nlink,
+            "st_size": size,
+            "st_blocks": blocks,
             "st_blksize": BLKSIZE,
             "st_uid": self.uid,
             "st_gid": self.gid,

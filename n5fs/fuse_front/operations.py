@@ -189,27 +189,28 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
 
     def opendir(self, path: str) -> int:
         """Take the listing once; readdir pages through it at the kernel's offsets."""
-        entries = self._run("opendir " + path, lambda: self._listing(path))
+        entries = self._run("opendir " + path, lambda: self.gateway.readdir(path))
         with self._lock:
             fh = next(self._dir_fh)
             self._dirs[fh] = _DirHandle(entries)
         return fh
 
-    def _listing(self, path: str) -> list[tuple[str, dict[str, int]]]:
-        return [(name, self.to_stat(attr)) for name, attr in self.gateway.readdir(path)]
-
-    def dir_entries(
-        self, path: str, fh: int, offset: int = 0
-    ) -> Sequence[tuple[str, dict[str, int]]]:
-        """The snapshot of ``fh``; read afresh when the reader starts over (``rewinddir``)."""
+    def dir_listing(self, path: str, fh: int, offset: int = 0) -> Sequence[tuple[str, Attr]]:
+        """The snapshot of ``fh``; read afresh when the reader starts over (``rewinddir``).
+        Attributes stay the gateway's until a readdir-plus request needs them as ``struct
+        stat`` (the glue makes them per request: most readdir requests of ``find`` want none)."""
         with self._lock:
             handle = self._dirs.get(fh)
         if handle is None:  # a binding that skips opendir
-            return self._run("readdir " + path, lambda: self._listing(path))
+            return self._run("readdir " + path, lambda: self.gateway.readdir(path))
         if offset == 0 and handle.served:
-            handle.entries = self._run("readdir " + path, lambda: self._listing(path))
+            handle.entries = self._run("readdir " + path, lambda: self.gateway.readdir(path))
         handle.served = True
         return handle.entries
+
+    def dir_entries(self, path: str, fh: int, offset: int = 0) -> list[tuple[str, dict[str, int]]]:
+        """:meth:`dir_listing` with each entry's ``st_*`` dict (fusepy's glue)."""
+        return [(name, self.to_stat(attr)) for name, attr in self.dir_listing(path, fh, offset)]
 
     def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int] | None, int]]:
         """Names with their attributes, all at once (fusepy's glue; N5fsFUSE pages)."""
@@ -360,7 +361,7 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
 
 @dataclass
 class _DirHandle:
-    entries: list[tuple[str, dict[str, int]]]
+    entries: Sequence[tuple[str, Attr]]
     served: bool = False
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -83,13 +83,26 @@ class FileMap(Mapping[str, "KeyInfo"]):
         return name not in self._removed and name in self._base
 
     def __iter__(self) -> Iterator[str]:
+        if not self._added and not self._removed:
+            return iter(self._base)
+        return self._merged()
+
+    def _merged(self) -> Iterator[str]:
         yield from self._added
         for name in self._base:
             if name not in self._added and name not in self._removed:
                 yield name
 
     def __len__(self) -> int:
+        if not self._added and not self._removed:
+            return len(self._base)
         return sum(1 for _ in self)
+
+    def items(self) -> ItemsView[str, KeyInfo]:
+        """Every name with its info; a folder listed once and not changed since yields its
+        listing's own pairs (readdir of 50,000 files asks for all of them: a lookup per name
+        through :meth:`__getitem__` cost a quarter of the gateway's part)."""
+        return _FileMapItems(self)
 
     def with_item(self, name: str, info: KeyInfo) -> FileMap:
         return self._compacted({**self._added, name: info}, self._removed - {name})
@@ -108,6 +121,16 @@ class FileMap(Mapping[str, "KeyInfo"]):
         merged = {k: v for k, v in self._base.items() if k not in removed}
         merged.update(added)
         return FileMap(merged)
+
+
+class _FileMapItems(ItemsView[str, "KeyInfo"]):
+    _mapping: FileMap
+
+    def __iter__(self) -> Iterator[tuple[str, KeyInfo]]:
+        files = self._mapping
+        if not files._added and not files._removed:
+            return iter(files._base.items())
+        return ((name, files[name]) for name in files)
 
 
 @dataclass(frozen=True)
