@@ -22,6 +22,7 @@ instead of hanging the script; every mount is unmounted at the end, and the gene
     python scripts/bench_mount.py --quick         # small smoke run
     python scripts/bench_mount.py --only read --skip-s3
     python scripts/bench_mount.py --peer-python /path/to/venv/bin/python   # fsspec + s3fs there
+    python scripts/bench_mount.py --skip-file --only list,stat --columns direct,n5fs --gib 0.02
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from bench_workloads import (
     drop_caches,
     file_workloads,
     make_data,
+    parse_grid,
     read_files,
     run_tool,
     s3_client,
@@ -368,17 +370,40 @@ def variants_for(group: str, store: str, source: str, data: Data, peers: list[Va
     return [direct, pt, ro, *peers]
 
 
+def chosen(args: argparse.Namespace, group: str) -> bool:
+    return args.only is None or group in args.only
+
+
+def wanted(args: argparse.Namespace, variants: list[Variant]) -> list[Variant]:
+    return [v for v in variants if args.columns is None or v.name in args.columns]
+
+
 def run_store(bench: Bench, store: str, data: Data, loads: list[Workload], source: str,
               peers: list[Variant]) -> None:  # fmt: skip
     args = bench.args
-    print(f"peers on {store}: " + "; ".join(f"{v.name}: {v.note}" for v in peers), flush=True)
+    if peers:
+        print(f"peers on {store}: " + "; ".join(f"{v.name}: {v.note}" for v in peers), flush=True)
     for load in loads:
-        if args.only in (None, load.group):
-            variants = variants_for(load.group, store, source, data, peers)
+        if chosen(args, load.group):
+            variants = wanted(args, variants_for(load.group, store, source, data, peers))
             bench.workload(load, store, variants, data)
-    if args.only in (None, "rss"):
+    if chosen(args, "rss") and wanted(args, [Variant("n5fs")]):
         sizes = args.cache_sizes.split(",") if store == "file" else ["256M"]
         bench.rss(data, store, source, sizes)
+
+
+def groups(text: str) -> set[str]:
+    chosen = set(text.split(","))
+    if chosen - set(GROUPS):
+        raise argparse.ArgumentTypeError(f"not a group: {sorted(chosen - set(GROUPS))}")
+    return chosen
+
+
+def columns(text: str) -> set[str]:
+    chosen = set(text.split(","))
+    if chosen - set(COLUMNS):
+        raise argparse.ArgumentTypeError(f"not a column: {sorted(chosen - set(COLUMNS))}")
+    return chosen
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -386,12 +411,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     p.add_argument("--skip-s3", action="store_true")
     p.add_argument("--skip-file", action="store_true", help="measure S3 only")
-    p.add_argument("--only", choices=GROUPS, default=None, help="one workload group")
+    p.add_argument("--only", type=groups, default=None,
+                   help=f"workload groups, comma-separated: {','.join(GROUPS)}")  # fmt: skip
+    p.add_argument("--columns", type=columns, default=None,
+                   help=f"columns of the non-write rows, comma-separated (default all): {','.join(COLUMNS)}")  # fmt: skip
     p.add_argument("--gib", type=float, default=1.0, help="size of each N5 dataset (decoded)")
-    p.add_argument("--zarr-chunks", type=int, default=50_000)
+    p.add_argument("--zarr-grid", type=parse_grid, default=(40, 40, 32),
+                   help="the Zarr2 chunk tree's stored chunks per axis (issue 12: 51,200 chunks "
+                   "in 1 + 40 + 1,600 folders)")  # fmt: skip
+    p.add_argument("--storm-keys", type=int, default=10_000, help="stat storm keys, 90%% absent")
     p.add_argument("--sparse-side", type=int, default=100, help="grid side: side^2 keys")
     p.add_argument("--s3-gib", type=float, default=None, help="scale the S3 N5 data down")
-    p.add_argument("--s3-zarr-chunks", type=int, default=None, help="scale the S3 listing down")
+    p.add_argument("--s3-zarr-grid", type=parse_grid, default=None,
+                   help="scale the S3 chunk tree down")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3, help="warm repeats (best of)")
     p.add_argument("--s3-rounds", type=int, default=1, help="warm repeats on S3 (slow on moto)")
     p.add_argument("--timeout", type=float, default=600, help="watchdog per measured call, s")
@@ -402,7 +434,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tmp", default=None, help="where the temp dir goes (default: system tmp)")
     args = p.parse_args(argv)
     if args.quick:
-        args.gib, args.zarr_chunks, args.sparse_side = 1 / 16, 2_000, 30
+        args.gib, args.zarr_grid, args.sparse_side = 1 / 16, (8, 8, 32), 30
+        args.storm_keys = 1_000
         args.rounds, args.timeout, args.cache_sizes = 2, 120, "64M"
     if args.peer_timeout is None:
         args.peer_timeout = args.timeout
@@ -416,13 +449,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(AWS_ENV)  # for TensorStore's s3 driver in this process
     bench = Bench(args, Mounts(tmp, env))
     try:
-        data = make_data(tmp / "data", args.gib, args.zarr_chunks, args.sparse_side)
-        if not args.skip_file and args.only != "write":
-            peers = peer_variants(args.peer_python, "file", str(data.root))
+        data = make_data(tmp / "data", args.gib, args.zarr_grid, args.sparse_side, args.storm_keys)
+        if not args.skip_file and args.only != {"write"}:
+            peers = wanted(args, peer_variants(args.peer_python, "file", str(data.root)))
             run_store(bench, "file", data, file_workloads(data), str(data.root), peers)
-        if args.only in (None, "write") and not args.skip_file:
+        if chosen(args, "write") and not args.skip_file:
             bench.writes(data, tmp)
-        if not args.skip_s3 and args.only != "write":
+        if not args.skip_s3 and args.only != {"write"}:
             run_s3(bench, data, tmp)
         print_table(bench)
     finally:
@@ -433,16 +466,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_s3(bench: Bench, data: Data, tmp: Path) -> None:
     args = bench.args
-    gib, chunks = args.s3_gib or args.gib, args.s3_zarr_chunks or args.zarr_chunks
-    if (gib, chunks) != (args.gib, args.zarr_chunks):
-        print(f"S3 runs scaled down: N5 {gib:g} GiB, Zarr2 {chunks} chunks")
-        data = make_data(tmp / "s3data", gib, chunks, args.sparse_side)
+    gib, grid = args.s3_gib or args.gib, args.s3_zarr_grid or args.zarr_grid
+    if (gib, grid) != (args.gib, args.zarr_grid):
+        print(f"S3 runs scaled down: N5 {gib:g} GiB, Zarr2 chunk tree {grid}")
+        data = make_data(tmp / "s3data", gib, grid, args.sparse_side, args.storm_keys)
     with moto_server() as endpoint:
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
         upload(data, s3_client(endpoint), bucket)
         source = json.dumps({"driver": "s3", "bucket": bucket, "path": "", "endpoint": endpoint,
                              "aws_region": "us-east-1"})  # fmt: skip
-        peers = peer_variants(args.peer_python, "s3", bucket, endpoint)
+        peers = wanted(args, peer_variants(args.peer_python, "s3", bucket, endpoint))
         run_store(bench, "s3", data, s3_workloads(data, endpoint, bucket), source, peers)
 
 

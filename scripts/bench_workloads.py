@@ -1,6 +1,12 @@
 """What the mount benchmark (scripts/bench_mount.py) measures: the data sets it writes (N5 raw
-and gzip, a Zarr v2 array of many small chunks, a sparse Zarr v2 grid), their upload to S3,
-and the workloads timed on a mount of them, each with the answer a correct run must give.
+and gzip, a Zarr v2 chunk tree in issue 12's layout, a sparse Zarr v2 grid), their upload to
+S3, and the workloads timed on a mount of them, each with the answer a correct run must give.
+
+The chunk tree is the issue's "Zarr v2 array of 51,200 chunks in 1,641 folders": a 3-D array
+with dimension_separator "/" and 40 x 40 x 32 stored chunks (1 + 40 + 1,600 folders) of 512
+bytes each; its grid runs ten times further along the last axis than the stored chunks, so
+the stat storm can ask in-grid keys of which 90 % are absent, spread over the 1,600 leaf
+folders (an out-of-grid name would be a different question: not a chunk key at all).
 
 Kept apart from bench_mount.py so that the data and the workloads read on their own, and
 bench_mount.py stays the runner (columns, rounds, table). No shared state: every function
@@ -25,6 +31,8 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 BLOCK = 128
 SMALL_FILES = 10_000  # the issue's "read 10k small files": this many Zarr chunks
+ZARR_CHUNK = (4, 8, 8)  # uint16: 512 bytes a chunk before zstd
+GRID_SPAN = 10  # the chunk tree's grid, along its last axis, over its stored chunks
 AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 AWS_ENV = {**AWS, "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 
@@ -46,11 +54,13 @@ class Data:
     raw_bytes: int
     gzip_bytes: int
     zarr_entries: int  # lines `find zarr` prints
+    zarr_chunks: int  # chunk files in the tree
+    zarr_folders: int  # folders in the tree, `zarr` itself included
     small: list[str]  # up to SMALL_FILES Zarr chunks, spread over the array, in name order
     small_bytes: int
-    sparse_keys: list[str]  # every chunk key of the sparse array's grid
-    sparse_present: int
-    sparse_sum: int
+    storm_keys: list[str]  # in-grid chunk keys of the tree, in grid order (10 % stored)
+    storm_present: int
+    sparse_sum: int  # of the sparse array's values (TensorStore sparse read)
 
 
 def n5_shape(gib: float) -> tuple[int, int, int]:
@@ -93,30 +103,66 @@ def write_n5_pair(root: Path, gib: float) -> None:
         future.result()
 
 
-def write_zarr(root: Path, chunks: int) -> None:
+def parse_grid(text: str) -> tuple[int, int, int]:
+    """``"40,40,32"``: the chunk tree's stored chunks per axis."""
+    grid = tuple(int(x) for x in text.split(","))
+    if len(grid) != 3 or min(grid) < 1:
+        raise ValueError(f"a grid is three positive counts, like 40,40,32: {text!r}")
+    return grid[0], grid[1], grid[2]
+
+
+def write_zarr(root: Path, stored: tuple[int, int, int]) -> None:
+    """The chunk tree: ``stored`` chunks per axis, written whole, nested by "/"; the grid is
+    :data:`GRID_SPAN` times longer along the last axis (never written: absent chunks)."""
     import numpy as np
     import tensorstore as ts
 
-    cols = max(1, int(chunks**0.5))
-    rows = -(-chunks // cols)
+    grid = (stored[0], stored[1], stored[2] * GRID_SPAN)
     spec = {
         "driver": "zarr",
         "kvstore": {"driver": "file", "path": str(root / "zarr")},
         "metadata": {
-            "shape": [rows * 16, cols * 16],
-            "chunks": [16, 16],
+            "shape": [g * c for g, c in zip(grid, ZARR_CHUNK, strict=True)],
+            "chunks": list(ZARR_CHUNK),
             "dtype": "<u2",
             "compressor": {"id": "zstd", "level": 1},
             "fill_value": 0,
+            "dimension_separator": "/",
         },
     }
     array = ts.open(spec, create=True).result()
-    values = np.random.default_rng(1).integers(1, 999, (rows * 16, cols * 16), dtype=np.uint16)
-    array.write(values).result()
+    extent = tuple(n * c for n, c in zip(stored, ZARR_CHUNK, strict=True))
+    rng = np.random.default_rng(1)
+    for i in range(0, extent[0], ZARR_CHUNK[0]):  # one slab of chunks at a time: bounded memory
+        slab = rng.integers(1, 999, (ZARR_CHUNK[0], *extent[1:]), dtype=np.uint16)
+        array[i : i + ZARR_CHUNK[0], :, : extent[2]].write(slab).result()
 
 
-def write_sparse(root: Path, side: int) -> tuple[list[str], int, int]:
-    """A side x side grid of 64x64 chunks of which 10 % are stored: the stat storm's keys."""
+def storm_keys(stored: tuple[int, int, int], count: int) -> tuple[list[str], int]:
+    """``count`` in-grid chunk keys of the tree, 10 % stored (spread over the stored chunks)
+    and 90 % absent (spread over the leaf folders' unwritten grid positions), in grid order
+    as a reader of chunks asks them; and how many are stored."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    a, b, c = stored
+    present = min(max(1, count // 10), a * b * c)
+    absent = min(count - present, a * b * c * (GRID_SPAN - 1))
+    cells = [np.unravel_index(n, (a, b, c)) for n in rng.choice(a * b * c, present, replace=False)]
+    cells += [
+        (i, j, k + c)
+        for i, j, k in (
+            np.unravel_index(n, (a, b, c * (GRID_SPAN - 1)))
+            for n in rng.choice(a * b * c * (GRID_SPAN - 1), absent, replace=False)
+        )
+    ]
+    ordered = sorted(tuple(int(x) for x in cell) for cell in cells)
+    return [f"zarr/{i}/{j}/{k}" for i, j, k in ordered], present
+
+
+def write_sparse(root: Path, side: int) -> tuple[int, int]:
+    """A side x side grid of 64x64 chunks of which 10 % are stored, for TensorStore to read
+    whole; how many chunks are stored and the sum of the array's values."""
     import numpy as np
     import tensorstore as ts
 
@@ -140,14 +186,16 @@ def write_sparse(root: Path, side: int) -> tuple[list[str], int, int]:
         block = rng.integers(1, 1000, (64, 64), dtype=np.uint16)
         total += int(block.sum())
         array[i * 64 : (i + 1) * 64, j * 64 : (j + 1) * 64].write(block).result()
-    return [f"sparse/{i}.{j}" for i in range(side) for j in range(side)], present, total
+    return present, total
 
 
-def make_data(root: Path, gib: float, zarr_chunks: int, sparse_side: int) -> Data:
+def make_data(root: Path, gib: float, zarr_grid: tuple[int, int, int], sparse_side: int,
+              storm: int) -> Data:  # fmt: skip
     start = time.perf_counter()
     write_n5_pair(root, gib)
-    write_zarr(root, zarr_chunks)
-    keys, present, total = write_sparse(root, sparse_side)
+    write_zarr(root, zarr_grid)
+    sparse_present, sparse_sum = write_sparse(root, sparse_side)
+    keys, present = storm_keys(zarr_grid, storm)
 
     def files(name: str) -> list[str]:
         return sorted(
@@ -156,6 +204,7 @@ def make_data(root: Path, gib: float, zarr_chunks: int, sparse_side: int) -> Dat
 
     raw, gz = files("n5raw"), files("n5gzip")
     chunks = [f for f in files("zarr") if not f.rpartition("/")[2].startswith(".")]
+    folders = 1 + sum(1 for p in (root / "zarr").rglob("*") if p.is_dir())
     small = chunks[:: max(1, len(chunks) // SMALL_FILES)][:SMALL_FILES]
     data = Data(
         root,
@@ -164,16 +213,19 @@ def make_data(root: Path, gib: float, zarr_chunks: int, sparse_side: int) -> Dat
         sum((root / f).stat().st_size for f in raw),
         sum((root / f).stat().st_size for f in gz),
         sum(1 for _ in (root / "zarr").rglob("*")) + 1,
+        len(chunks),
+        folders,
         small,
         sum((root / f).stat().st_size for f in small),
         keys,
         present,
-        total,
+        sparse_sum,
     )
     print(
         f"data in {root}: N5 raw {data.raw_bytes / MiB:.0f} MiB ({len(raw)} files), gzip "
-        f"{data.gzip_bytes / MiB:.0f} MiB; Zarr v2 {data.zarr_entries - 2} chunks; sparse "
-        f"{present}/{len(keys)} chunks ({time.perf_counter() - start:.0f} s)",
+        f"{data.gzip_bytes / MiB:.0f} MiB; Zarr v2 {len(chunks)} chunks in {folders} folders "
+        f"(stat storm: {len(keys)} keys, {present} stored); sparse {sparse_present}/"
+        f"{sparse_side**2} chunks ({time.perf_counter() - start:.0f} s)",
         flush=True,
     )
     return data
@@ -289,8 +341,9 @@ class Workload:
 
 
 def file_workloads(data: Data) -> list[Workload]:
-    chunks = f"{(data.zarr_entries - 2) / 1000:g}k"
-    storm = f"{len(data.sparse_keys) / 1000:g}k keys, 90% absent"
+    tree = f"{data.zarr_chunks / 1000:g}k chunks in {data.zarr_folders:,} folders"
+    leaves = len({key.rpartition("/")[0] for key in data.storm_keys})
+    storm = f"{len(data.storm_keys) / 1000:g}k chunk keys, 90% absent, over {leaves:,} folders"
     return [
         Workload("read N5 raw", "read", partial(read_files, names=data.raw), data.raw_bytes,
                  data.raw_bytes),
@@ -298,12 +351,12 @@ def file_workloads(data: Data) -> list[Workload]:
                  data.gzip_bytes),
         Workload(f"read {len(data.small) / 1000:g}k small files (Zarr2 chunks)", "read",
                  partial(read_files, names=data.small), data.small_bytes),
-        Workload(f"find Zarr2 {chunks} chunks", "list",
+        Workload(f"find Zarr2 {tree}", "list",
                  lambda r: run_tool("find", str(r / "zarr")), data.zarr_entries, warm=False),
-        Workload(f"ls -lR Zarr2 {chunks} chunks", "list",
+        Workload(f"ls -lR Zarr2 {tree}", "list",
                  lambda r: run_tool("ls", "-lR", str(r / "zarr")), None, warm=False),
-        Workload(f"stat storm {storm}", "stat", partial(stat_storm, keys=data.sparse_keys),
-                 data.sparse_present),
+        Workload(f"stat storm {storm}", "stat", partial(stat_storm, keys=data.storm_keys),
+                 data.storm_present),
         Workload("TensorStore sparse read", "tensorstore",
                  lambda r: ts_sum({"driver": "file", "path": f"{r}/sparse/"}), data.sparse_sum),
     ]  # fmt: skip
@@ -317,12 +370,16 @@ def s3_workloads(data: Data, endpoint: str, bucket: str) -> list[Workload]:
         return sum(len(client.get_object(Bucket=bucket, Key=n)["Body"].read()) for n in names)
 
     def list_all() -> int:
+        """The tree's keys, one flat listing, and the folders they imply: what find prints."""
         pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="zarr/")
-        return sum(len(p.get("Contents", ())) for p in pages) + 1  # + the folder, as find
+        keys = [c["Key"] for p in pages for c in p.get("Contents", ())]
+        leaves = {key.rpartition("/")[0] for key in keys}
+        folders = {leaf[:i] for leaf in leaves for i, ch in enumerate(leaf) if ch == "/"}
+        return len(keys) + len(leaves | folders)
 
     def head_all() -> int:
         found = 0
-        for key in data.sparse_keys:
+        for key in data.storm_keys:
             with contextlib.suppress(client.exceptions.ClientError):
                 client.head_object(Bucket=bucket, Key=key)
                 found += 1
