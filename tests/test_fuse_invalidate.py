@@ -14,10 +14,12 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -154,6 +156,34 @@ def test_settle_waits_for_what_was_queued_before_it(invalidator, kernel):
     kernel.gate.set()
     assert invalidator.settle(10)
     assert kernel.calls == ["/x"]
+
+
+def test_settle_waits_only_for_what_this_thread_queued(invalidator, kernel):
+    """A commit that announced nothing (a file the kernel wrote itself) answers at once, even
+    while another thread's paths wait for the kernel; a path another call queued first is
+    waited for by every call that announced it."""
+    kernel.hold()
+    invalidator.enqueue(["/busy"])
+    assert kernel.inside.wait(10)  # the worker sits in the kernel
+    settled: dict[str, bool] = {}
+
+    def quiet() -> None:
+        settled["quiet"] = invalidator.settle(0.05)
+
+    def second_to_queue() -> None:
+        invalidator.enqueue(["/x"])  # already queued by the main thread below: not sent twice
+        settled["second"] = invalidator.settle(0.05)
+
+    invalidator.enqueue(["/x"])
+    for target in (quiet, second_to_queue):
+        thread = threading.Thread(target=target)
+        thread.start()
+        thread.join(10)
+    assert settled == {"quiet": True, "second": False}
+    assert not invalidator.settle(0.05)  # this thread queued /busy and /x: not served yet
+    kernel.gate.set()
+    assert invalidator.settle(10)
+    assert kernel.calls == ["/busy", "/x"]
 
 
 def test_stop_drains_and_nothing_is_sent_after(kernel):
@@ -384,6 +414,30 @@ class TestMounted:
         os.unlink(mp / "b" / ".zarray")  # the document shrinks
         assert os.stat(doc).st_size == (store / ".zmetadata").stat().st_size
         assert "b/.zarray" not in json.loads(doc.read_bytes())["metadata"]
+
+    def test_files_the_kernel_wrote_are_not_invalidated_and_read_true(self, mounter, store):
+        """Own writes are not announced to the kernel (it wrote them; FUSE drops a file's
+        cached size and times after a write): the stat and the bytes are still the stored
+        ones after an overwrite that shrinks the file, with hour-long attr timeouts."""
+        mp = mounter.foreground(str(store), "--cache-ttl", HOUR, "--log-level", "debug")
+        path = mp / "plain.bin"
+        _write(path, b"0123456789")
+        _read_trusted(path)
+        with open(path, "wb") as f:  # O_TRUNC, then 4 bytes: the kernel knew 10
+            f.write(b"abcd")
+        assert os.stat(path).st_size == 4
+        assert path.read_bytes() == b"abcd" == (store / "plain.bin").read_bytes()
+        chunk = _array(mp) / "0"
+        _expect_errno(errno.EINVAL, lambda: _write(chunk, b"xyz"))  # a refusal is announced
+        subprocess.run(["fusermount3", "-u", str(mp)], check=True, timeout=60)
+        deadline = time.monotonic() + 60
+        said = ""
+        while "kernel invalidations:" not in said and time.monotonic() < deadline:
+            time.sleep(0.05)
+            said = (mounter.tmp / "mnt.stderr").read_text()
+        sent = re.search(r"kernel invalidations: (\d+) sent, (\d+) not cached", said)
+        assert sent is not None, said[-2000:]
+        assert int(sent[1]) + int(sent[2]) == 1  # the refused chunk alone
 
     # -- controls: without invalidation the same steps show the stale view -------------------
 

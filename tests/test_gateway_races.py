@@ -316,6 +316,8 @@ def test_subscribers_hear_of_refusals_and_derived_writes() -> None:
     gw = gateway(MemoryStore())
     heard: list[str] = []
     gw.subscribe(heard.extend)
+    kernel: list[str] = []  # the FUSE front's way: not told of the bytes it wrote itself
+    gw.subscribe(kernel.extend, own_writes=False)
     gw.write_file("/.zgroup", b'{"zarr_format": 2}')
     gw.write_file(
         "/.zmetadata",
@@ -324,12 +326,18 @@ def test_subscribers_hear_of_refusals_and_derived_writes() -> None:
         ).encode(),
     )
     heard.clear()
+    kernel.clear()
     gw.write_file("/a/.zarray", json.dumps(ZARRAY).encode())
     assert {"/a/.zarray", "/.zmetadata"} <= set(heard)
+    assert kernel == ["/.zmetadata"]  # rewritten by the gateway: news to the kernel
     heard.clear()
+    kernel.clear()
     with pytest.raises(Rejected):
         gw.write_file("/a/0", b"bad")
-    assert heard == ["/a/0"]
+    assert heard == kernel == ["/a/0"]
+    gw.write_file("/a/0", b"good")
+    assert heard == ["/a/0", "/a/0"]
+    assert kernel == ["/a/0"]  # the refusal only
 
 
 class CountingGets(ForwardingStore):

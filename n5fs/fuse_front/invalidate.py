@@ -3,14 +3,18 @@
 The kernel caches what n5fs answered (attributes for ``attr_timeout``, names for
 ``entry_timeout``; DESIGN.md "Reads and caches" makes both as long as the gateway's TTL). After
 a commit, a refusal, a rename or an unlink the gateway announces the paths whose cached view is
-now wrong (``Gateway.subscribe``): the committed file, a refused new name, and the files it
-rewrote on its own (``.zmetadata``, a parent ``zarr.json``). An :class:`Invalidator` passes each
+now wrong (``Gateway.subscribe``): a refused new name, the files it rewrote on its own
+(``.zmetadata``, a parent ``zarr.json``), renamed and unlinked paths. Not the committed file
+itself when its bytes are the ones the kernel wrote (``own_writes=False``): its pages and name
+are true, and FUSE drops a file's cached size and times after each write. An :class:`Invalidator` passes each
 to libfuse (:func:`n5fs.fuse_front._lib.invalidate_path`), so ``cat .zmetadata`` after another
 metadata commit is not cut at the old size, and ``stat`` of a refused name asks again.
 
 State and locks (the invalidator owns them): the pending paths (an insertion-ordered dict, so a
 burst is deduplicated and served in order), the ticket counters used by :meth:`settle`, the
-life-cycle state and the counters all live under one condition variable, ``_cond``. It is a
+life-cycle state and the counters all live under one condition variable, ``_cond`` (the
+ticket a thread must see served before its :meth:`settle` returns is that thread's own, in a
+``threading.local``). ``_cond`` is a
 leaf lock: held only for dict and counter updates, never while calling libfuse or anyone else.
 So :meth:`enqueue` never blocks, and the gateway may call it from any thread while holding its
 own locks. One worker thread calls ``invalidate`` for each path, outside the lock.
@@ -90,6 +94,7 @@ class Invalidator:
         self._cond = threading.Condition(threading.Lock())
         self._pending: dict[str, None] = {}
         self._issued = 0  # tickets handed to enqueue() calls
+        self._mine = threading.local()  # .ticket: the last one this thread was handed
         self._served = 0  # every ticket up to this one has been passed to the kernel
         self._state = _State.NEW
         self._overflowing = False
@@ -106,15 +111,20 @@ class Invalidator:
         with self._cond:
             if self._state not in (_State.NEW, _State.RUNNING):
                 return  # the mount is ending: its kernel cache goes with it
-            added = sum(self._add(path) for path in paths)
+            added = waiting = 0
+            for path in paths:
+                if path in self._pending:
+                    waiting += 1  # queued by another call: this one's settle waits for it too
+                else:
+                    added += self._add(path)
             if added:
                 self._issued += 1
                 self._cond.notify_all()
+            if added or waiting:
+                self._mine.ticket = self._issued
 
     def _add(self, path: str) -> bool:
-        """Queue one path (caller holds ``_cond``); a path already waiting is served once."""
-        if path in self._pending:
-            return False
+        """Queue one path that is not waiting yet (caller holds ``_cond``)."""
         if len(self._pending) >= self._limit:
             self.dropped += 1
             if not self._overflowing:
@@ -129,10 +139,17 @@ class Invalidator:
         return True
 
     def settle(self, timeout: float = SETTLE_SECONDS) -> bool:
-        """Wait until every path queued before this call has been passed to the kernel (or
-        ``timeout`` passed, or nothing serves the queue). True when settled."""
+        """Wait until every path this thread queued has been passed to the kernel (or
+        ``timeout`` passed, or nothing serves the queue). True when settled.
+
+        Only this thread's: the operation that settles is the one whose answer must come
+        after its own announcements (others settle theirs); an operation that announced
+        nothing, the commit of a file the kernel wrote itself, returns at once instead of
+        waiting for another thread's burst."""
+        target = getattr(self._mine, "ticket", 0)
+        if not target:
+            return True
         with self._cond:
-            target = self._issued
             self._cond.wait_for(
                 lambda: self._served >= target or self._state is not _State.RUNNING, timeout
             )

@@ -253,7 +253,9 @@ def _kernel_invalidator(gateway: GatewayLike, session: _Session) -> Invalidator 
         log.debug("the gateway announces no changes; cached entries last their timeouts")
         return None
     invalidator = Invalidator(session.invalidate)
-    subscribe(invalidator.enqueue)
+    # a file's own committed writes are not news to the kernel that wrote them (a round trip
+    # to the invalidation thread and a settle per file, for nothing): see Gateway.subscribe
+    subscribe(invalidator.enqueue, own_writes=False)
     return invalidator
 
 

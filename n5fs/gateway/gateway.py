@@ -144,11 +144,15 @@ class Gateway:
     def rejections(self) -> list[Rejection]:
         return self.committer.rejections()
 
-    def subscribe(self, callback: Callable[[Sequence[str]], None]) -> None:
+    def subscribe(
+        self, callback: Callable[[Sequence[str]], None], *, own_writes: bool = True
+    ) -> None:
         """``callback(paths)`` after every change whose kernel entries are stale now (commits,
         refusals, renames, unlinks, consolidated metadata rewritten). Any thread; must not
-        block or call back into the gateway."""
-        self.committer.subscribe(callback)
+        block or call back into the gateway. ``own_writes=False``: not told of a file whose
+        commit stored just what was written to it through this gateway's file calls
+        (:meth:`~n5fs.gateway.committer.Committer.subscribe`)."""
+        self.committer.subscribe(callback, own_writes=own_writes)
 
     # == namespace ==================================================================================
 

@@ -323,11 +323,14 @@ class View:
 
     # == the mount ================================================================================
 
-    def subscribe(self, callback: Callable[[Sequence[str]], None]) -> None:
+    def subscribe(
+        self, callback: Callable[[Sequence[str]], None], *, own_writes: bool = True
+    ) -> None:
         """What a writable view commits it announces under its own names (the view file
-        made of it has another size than the one written); a read-only view changes
-        nothing, and what others change in the store reaches the view's readers after the
-        cache TTL, as on a native mount."""
+        made of it has another size than the one written, so ``own_writes`` changes nothing
+        here: every commit is announced); a read-only view changes nothing, and what others
+        change in the store reaches the view's readers after the cache TTL, as on a native
+        mount."""
         if self.writes is not None:
             self.writes.subscribe(callback)
 
