@@ -83,10 +83,11 @@ def test_fsync_durability_skips_what_is_gone(tmp_path: Path, fsyncs: Fsyncs) -> 
     assert fsyncs.take() == [str(tmp_path)]  # the folder (the deletion), no file
 
 
-def test_too_many_unsynced_sets_are_synced_early(
+def test_too_many_unsynced_sets_are_synced_early_without_syncfs(
     tmp_path: Path, fsyncs: Fsyncs, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(file_store, "MAX_UNSYNCED", 3)
+    monkeypatch.setattr(file_store, "can_sync_filesystem", lambda: False)  # macOS
     store = FileStore(tmp_path, durability=Durability.FSYNC)
     store.set("k1", b"1")
     store.set("k2", b"2")
@@ -94,6 +95,32 @@ def test_too_many_unsynced_sets_are_synced_early(
     store.set("k3", b"3")  # the bound: everything so far is synced now
     assert len(fsyncs.take()) == 4  # three files and their folder
     assert store.unsynced == 0
+
+
+def test_past_the_bound_a_flush_syncs_the_filesystem_once(
+    tmp_path: Path, fsyncs: Fsyncs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of small chunks: no fsync storm in a commit; the flush is one ``syncfs``."""
+    if not file_store.can_sync_filesystem():
+        pytest.skip("no syncfs(2) here")
+    monkeypatch.setattr(file_store, "MAX_UNSYNCED", 3)
+    synced: list[str] = []
+    real = file_store.sync_filesystem
+    monkeypatch.setattr(file_store, "sync_filesystem", lambda p: synced.append(p) or real(p))
+    store = FileStore(tmp_path, durability=Durability.FSYNC)
+    for i in range(10):
+        store.set(f"a/k{i}", b"x")
+    assert fsyncs.take() == []  # the commits never wait for the disk
+    assert synced == []
+    assert store.unsynced == 10
+    store.flush()
+    assert synced == [str(tmp_path)]
+    assert fsyncs.take() == []  # syncfs covered every file and folder
+    assert store.unsynced == 0
+    store.set("b", b"y")  # below the bound again: tracked by path
+    store.flush()
+    assert fsyncs.take() == [str(tmp_path / "b"), str(tmp_path)]
+    assert synced == [str(tmp_path)]
 
 
 def test_a_mount_defaults_to_fsync_and_its_fsync_makes_commits_durable(

@@ -40,9 +40,11 @@ from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listin
 from n5fs.kvstore.keys import check_prefix, dir_prefix
 from n5fs.kvstore.localio import (
     atomic_writer,
+    can_sync_filesystem,
     copy_sparse,
     fsync_dir,
     fsync_file,
+    sync_filesystem,
     write_pieces,
 )
 from n5fs.kvstore.localwalk import walk_keys
@@ -69,8 +71,8 @@ __all__ = [
 ]
 
 _BY_KEY = operator.attrgetter("key")
-#: with deferred durability, at most this many written paths wait for a flush; then they are
-#: synced at once (by then the kernel has written most of them back: the fsyncs are cheap)
+#: with deferred durability, at most this many written paths are remembered for a flush; past
+#: it the flush syncs the whole filesystem (or, without ``syncfs``, they are synced at once)
 MAX_UNSYNCED = 4096
 
 
@@ -98,6 +100,7 @@ class FileStore(KvStore):
         self._real_root: str | None = None
         self.durability = Durability(durability)
         self._unsynced: dict[str, None] = {}  # paths set since the last flush (FSYNC), in order
+        self._untracked = 0  # sets past MAX_UNSYNCED: the next flush syncs the filesystem
         self._unsynced_lock = threading.Lock()
 
     @classmethod
@@ -277,19 +280,30 @@ class FileStore(KvStore):
             self._written(target)
 
     def _written(self, path: str) -> None:
-        """Remember ``path`` for the next flush; sync everything now when too many wait."""
+        """Remember ``path`` for the next flush. Past :data:`MAX_UNSYNCED` paths the next
+        flush syncs the whole filesystem (``syncfs``: one call) and further sets are only
+        counted; where there is no ``syncfs``, everything waiting is synced now instead."""
         with self._unsynced_lock:
+            past = self._untracked or len(self._unsynced) >= MAX_UNSYNCED
+            if past and can_sync_filesystem():
+                self._untracked += 1
+                return
             self._unsynced.pop(path, None)
             self._unsynced[path] = None
-            full = len(self._unsynced) >= MAX_UNSYNCED
+            full = len(self._unsynced) >= MAX_UNSYNCED and not can_sync_filesystem()
         if full:
             self.flush()
 
     def flush(self) -> None:
-        """Make every set since the last flush durable (files, then their folders); nothing
-        to do when each set was durable already (:attr:`Durability.COMMIT`)."""
+        """Make every set since the last flush durable (files, then their folders; past
+        :data:`MAX_UNSYNCED` of them, one ``syncfs``); nothing to do when each set was
+        durable already (:attr:`Durability.COMMIT`). Why not an fsync per file there: a
+        ``cp -r`` of 20,000 small chunks spent a fifth of its time in 4,096 fsyncs at a time."""
         with self._unsynced_lock:
             paths, self._unsynced = list(self._unsynced), {}
+            untracked, self._untracked = self._untracked, 0
+        if untracked and sync_filesystem(self._root):
+            return
         for path in paths:
             fsync_file(path)
         for folder in dict.fromkeys(os.path.dirname(p) for p in paths):
@@ -300,7 +314,7 @@ class FileStore(KvStore):
     def unsynced(self) -> int:
         """How many sets wait for a flush to be durable."""
         with self._unsynced_lock:
-            return len(self._unsynced)
+            return len(self._unsynced) + self._untracked
 
     def move_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Rename a local file into place (made durable first); copy it across filesystems."""
