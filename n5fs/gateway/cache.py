@@ -13,6 +13,13 @@ dropped them: a reader takes a *ticket* before it reads the store and stores thr
 ``invalidate``/``put`` of the key make outstanding tickets stale, and a stale ticket stores
 nothing.
 
+Bytes on their way count too: a whole-object fetch takes its ticket with a *reservation* of
+the size the listing gave (:meth:`ByteLRU.ticket`), which counts against the budget from then
+on (older entries are evicted to make room) until the bytes are stored or the fetch ends
+(:meth:`ByteLRU.fill`, :meth:`ByteLRU.release`). So cached bytes plus those being fetched by
+readers and read-ahead stay within ``max_bytes`` (:attr:`ByteLRU.used`), instead of the cache
+filling up to its budget and every GET in flight coming on top.
+
 ``ByteLRU`` hears of every change the mount makes to a key (the committer puts or drops the
 key's bytes after each commit, rename, unlink, ``utimens``, consolidated rewrite), so it also
 keeps :class:`OpenedStamps`, the version each key had when it was last opened: an open of a
@@ -128,6 +135,8 @@ class Ticket:
 
     key: str
     stale: bool = False
+    #: bytes of the budget held for what the read brings, until fill or release
+    reserved: int = 0
 
 
 class ByteLRU:
@@ -143,13 +152,27 @@ class ByteLRU:
         self._data: OrderedDict[str, tuple[Version, bytes]] = OrderedDict()
         self._tickets: dict[str, list[Ticket]] = {}
         self._size = 0
+        self._reserved = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     @property
     def size(self) -> int:
+        """Bytes cached."""
         return self._size
+
+    @property
+    def reserved(self) -> int:
+        """Bytes reserved for fetches in flight."""
+        return self._reserved
+
+    @property
+    def used(self) -> int:
+        """Bytes of the budget taken: cached plus reserved (at most ``max_bytes`` while no
+        reservation alone exceeds it)."""
+        with self._lock:
+            return self._size + self._reserved
 
     def admits(self, nbytes: int) -> bool:
         return nbytes <= self.max_bytes // 4
@@ -174,25 +197,42 @@ class ByteLRU:
             entry = self._data.get(key)
             return entry is not None and fits(entry[0], version)
 
-    def ticket(self, key: str) -> Ticket:
-        """Take before reading ``key`` from the store; store the result with :meth:`fill`."""
-        ticket = Ticket(key)
+    def ticket(self, key: str, reserve: int = 0) -> Ticket:
+        """Take before reading ``key`` from the store; store the result with :meth:`fill`.
+        ``reserve``: the bytes the read will bring; they count against the budget (evicting
+        the oldest entries) until :meth:`fill` or :meth:`release` of the ticket, one of which
+        the taker must call."""
+        ticket = Ticket(key, reserved=max(0, reserve))
         with self._lock:
             self._tickets.setdefault(key, []).append(ticket)
+            self._reserved += ticket.reserved
+            self._evict()
         return ticket
 
     def fill(self, ticket: Ticket, version: Version, value: bytes) -> bool:
-        """Store what the ticket's read returned, unless a change overtook it."""
+        """Store what the ticket's read returned, unless a change overtook it; its
+        reservation is given back."""
         with self._lock:
-            waiting = self._tickets.get(ticket.key, [])
-            if ticket in waiting:
-                waiting.remove(ticket)
-                if not waiting:
-                    del self._tickets[ticket.key]
+            self._end(ticket)
             if ticket.stale:
                 return False
             self._store(ticket.key, version, value)
             return True
+
+    def release(self, ticket: Ticket) -> None:
+        """The ticket's read brought nothing to store (absent, failed): give its
+        reservation back."""
+        with self._lock:
+            self._end(ticket)
+
+    def _end(self, ticket: Ticket) -> None:
+        waiting = self._tickets.get(ticket.key, [])
+        if ticket in waiting:
+            waiting.remove(ticket)
+            if not waiting:
+                del self._tickets[ticket.key]
+        self._reserved -= ticket.reserved
+        ticket.reserved = 0
 
     def put(self, key: str, version: Version, value: bytes) -> None:
         """The mount's own commit: these are the key's bytes now."""
@@ -207,7 +247,10 @@ class ByteLRU:
             return
         self._data[key] = (version, value)
         self._size += len(value)
-        while self._size > self.max_bytes:
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._data and self._size + self._reserved > self.max_bytes:
             _, (_, evicted) = self._data.popitem(last=False)
             self._size -= len(evicted)
 

@@ -11,7 +11,10 @@ are evicted like any other entry.
 - :class:`Flights`: one fetch per key in flight. A read of an object being fetched (by the
   read-ahead or another reader) waits for that fetch instead of sending a second GET. A flight
   stores its bytes through a cache ticket, so a commit that overtook it keeps them out of the
-  cache; a reader arriving after that commit (the ticket is stale) never joins it.
+  cache; a reader arriving after that commit (the ticket is stale) never joins it. The ticket
+  reserves the object's size (as its listing gives it) in the byte cache's budget while the
+  fetch is in flight: bytes on their way are memory too, and the cache makes room for them
+  before they arrive, not after.
 - :class:`Prefetcher`: per folder, where the last whole read stood in the listing. A read of
   the folder's first object, or of one within the window ahead of the last read, is a reader
   following the order: the next ``objects`` of the folder are fetched (those not cached or in
@@ -121,7 +124,7 @@ class Flights:
             return self._start_locked(key, version)
 
     def _start_locked(self, key: str, version: Version) -> Flight:
-        flight = Flight(version, self.cache.ticket(key))
+        flight = Flight(version, self.cache.ticket(key, reserve=_size_of(version)))
         self._table[key] = flight
         return flight
 
@@ -137,10 +140,13 @@ class Flights:
         try:
             data = self._fetch(key)
         except BaseException:
+            self.cache.release(flight.ticket)
             flight.failed = True
             self._land(key, flight)
             raise
-        if data is not None:
+        if data is None:
+            self.cache.release(flight.ticket)
+        else:
             self.cache.fill(flight.ticket, flight.version, data)
         flight.data = data
         self._land(key, flight)
@@ -151,6 +157,11 @@ class Flights:
             if self._table.get(key) is flight:
                 del self._table[key]
         flight.done.set()
+
+
+def _size_of(version: Version) -> int:
+    """The object's size as its listing gave it (0: unknown)."""
+    return 0 if version is None else version[0]
 
 
 @dataclass(frozen=True, slots=True)

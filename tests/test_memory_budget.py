@@ -1,0 +1,231 @@
+"""One memory budget for object bytes: those cached and those on their way (issue 12).
+
+A whole-object fetch (a reader's, or the read-ahead's) reserves the object's size in the byte
+cache's budget before its bytes arrive, so cached plus in-flight bytes stay within
+``cache_bytes``; a fetch that fails or finds nothing gives its reservation back. Freed object
+buffers go back to the system (glibc's mmap threshold is fixed, not raised by each free).
+
+Deterministic: a store wrapper holds GETs after their bytes are loaded (in flight: in memory,
+not yet cached) until the test releases them; no sleeps, no RSS readings.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+import pytest
+
+from n5fs.errors import StoreUnavailable
+from n5fs.gateway.cache import ByteLRU, version_of
+from n5fs.gateway.reader import ObjectReader, ReadWindow, map_large_buffers
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore
+from n5fs.kvstore.keys import basename
+from n5fs.kvstore.memory import MemoryStore
+from n5fs.kvstore.s3 import S3Store
+from n5fs.kvstore.spec import S3Spec
+from n5fs.kvstore.wrappers import ForwardingStore
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
+
+    from tests.conftest import S3Server
+
+MiB = 1 << 20
+WAIT = 30.0  # a deadlock fails the test instead of hanging it
+SIZE = 4 * MiB  # an N5 raw 128^3 uint16 block
+CACHE = 16 * MiB  # admits objects up to 4 MiB: three cached and one in flight fill it
+
+
+class Held(ForwardingStore):
+    """Holds every GET of a key in ``held`` after the inner read (its bytes loaded, not yet
+    returned) until :meth:`release`; ``failing`` keys raise StoreUnavailable instead."""
+
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self.held: set[str] = set()
+        self.failing: set[str] = set()
+        self.reached: list[str] = []
+        self.arrived = threading.Condition()
+        self.opened = threading.Event()
+
+    def wait_reached(self, count: int) -> None:
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.reached) >= count, WAIT)
+
+    def release(self) -> None:
+        self.opened.set()
+
+    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
+        data = super().get(key, byte_range)
+        if key in self.held:
+            with self.arrived:
+                self.reached.append(key)
+                self.arrived.notify_all()
+            assert self.opened.wait(WAIT), "never released"
+        if key in self.failing:
+            raise StoreUnavailable(f"{key}: the store failed")
+        return data
+
+
+def _reader(store: KvStore, *, ahead: bool = False) -> ObjectReader:
+    r = ObjectReader(store, cache_bytes=CACHE, small_object=16 * MiB, readahead=8 * MiB)
+    if ahead:
+
+        def files(folder: str) -> Mapping[str, KeyInfo] | None:
+            return {basename(i.key): i for i in store.list(folder).keys}
+
+        r.follow(files)
+    return r
+
+
+def _read(r: ObjectReader, store: KvStore, key: str) -> bytes:
+    info = store.stat(key)
+    assert info is not None
+    data, _ = r.read(ReadWindow(), key, info.size, 0, info.size, version_of(info))
+    return data
+
+
+def _objects(store: KvStore, count: int) -> list[str]:
+    keys = [f"v/0/{i}" for i in range(count)]
+    for key in keys:
+        store.set(key, os.urandom(SIZE))
+    return keys
+
+
+@pytest.fixture
+def memory() -> Held:
+    return Held(MemoryStore())
+
+
+@pytest.fixture
+def s3(s3_server: S3Server, s3_bucket: str) -> Iterator[Held]:
+    spec = S3Spec(bucket=s3_bucket, path="budget", endpoint=s3_server.endpoint)
+    with S3Store.from_spec(spec) as store:
+        yield Held(store)
+
+
+def _in_flight_fetches_count_against_the_budget(store: Held) -> None:
+    keys = _objects(store.inner, 5)
+    r = _reader(store)
+    for key in keys[:3]:
+        _read(r, store, key)
+    assert (r.cache.size, r.cache.reserved) == (3 * SIZE, 0)
+    store.held = {keys[3], keys[4]}
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_read, r, store, keys[3])
+        store.wait_reached(1)  # 4 MiB in memory, not yet cached
+        assert r.cache.reserved == SIZE
+        assert r.cache.used == CACHE
+        assert r.cache.holds(keys[0])
+        second = pool.submit(_read, r, store, keys[4])
+        store.wait_reached(2)
+        # room for the second fetch was made before its bytes arrived: the oldest went
+        assert r.cache.reserved == 2 * SIZE
+        assert r.cache.used <= CACHE
+        assert not r.cache.holds(keys[0])
+        store.release()
+        assert len(first.result(WAIT)) == SIZE
+        assert len(second.result(WAIT)) == SIZE
+    assert r.cache.reserved == 0
+    assert r.cache.used <= CACHE
+    assert r.cache.holds(keys[3])
+    assert r.cache.holds(keys[4])
+    r.close()
+
+
+def test_a_fetch_in_flight_counts_against_the_budget_before_its_bytes_arrive(
+    memory: Held,
+) -> None:
+    _in_flight_fetches_count_against_the_budget(memory)
+
+
+@pytest.mark.s3
+def test_an_s3_get_in_flight_counts_against_the_budget(s3: Held) -> None:
+    _in_flight_fetches_count_against_the_budget(s3)
+
+
+def test_read_ahead_in_flight_counts_against_the_budget(memory: Held) -> None:
+    keys = _objects(memory.inner, 6)
+    r = _reader(memory, ahead=True)
+    memory.held = set(keys[1:])
+    _read(r, memory, keys[0])  # the first object of the folder: the next ones are fetched ahead
+    memory.wait_reached(1)
+    objects, nbytes = r.prefetcher.in_flight()
+    assert objects >= 1
+    assert r.cache.reserved == nbytes
+    assert r.cache.used <= CACHE
+    memory.release()
+    assert r.prefetcher.idle(WAIT)
+    assert r.cache.reserved == 0
+    assert r.cache.used <= CACHE
+    r.close()
+
+
+def test_a_failed_or_empty_fetch_gives_its_reservation_back(memory: Held) -> None:
+    keys = _objects(memory.inner, 2)
+    r = _reader(memory)
+    memory.failing = {keys[0]}
+    with pytest.raises(StoreUnavailable):
+        _read(r, memory, keys[0])
+    assert r.cache.reserved == 0
+    info = memory.stat(keys[1])
+    memory.inner.delete(keys[1])  # gone since its listing: the GET finds nothing
+    assert r.whole(keys[1], version_of(info)) is None
+    assert (r.cache.reserved, r.cache.used) == (0, 0)
+    r.close()
+
+
+def test_a_commit_during_a_fetch_keeps_its_bytes_out_and_frees_its_reservation() -> None:
+    cache = ByteLRU(CACHE)
+    cache.fill(cache.ticket("old"), None, b"x" * SIZE)
+    ticket = cache.ticket("k", reserve=SIZE)
+    assert cache.used == 2 * SIZE
+    cache.invalidate("k")  # a commit of k overtook the fetch
+    assert not cache.fill(ticket, None, b"y" * SIZE)
+    assert (cache.reserved, cache.used) == (0, SIZE)
+
+
+def test_a_reservation_larger_than_the_budget_empties_the_cache() -> None:
+    cache = ByteLRU(CACHE)
+    cache.fill(cache.ticket("a"), None, b"x" * SIZE)
+    ticket = cache.ticket("big", reserve=CACHE + 1)
+    assert cache.size == 0
+    cache.release(ticket)
+    assert cache.used == 0
+
+
+def _mapped_bytes() -> int:
+    """Bytes glibc's malloc holds in mappings of their own (mallinfo2's hblkhd)."""
+    names = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks")
+    names += ("fordblks", "keepcost")  # all of struct mallinfo2: it is returned by value
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = tuple((name, ctypes.c_size_t) for name in names)
+
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = MallInfo2
+    return int(mallinfo2().hblkhd)
+
+
+@pytest.mark.skipif(
+    platform.libc_ver()[0] != "glibc"
+    or not hasattr(ctypes.CDLL(None), "mallinfo2")  # glibc >= 2.33
+    or "MALLOC_MMAP_THRESHOLD_" in os.environ,
+    reason="glibc's malloc (mallinfo2), its threshold not set by the user",
+)
+def test_a_freed_object_buffer_does_not_move_the_next_one_onto_the_heap() -> None:
+    """glibc raises its mmap threshold to the size of each mapped buffer freed, so without a
+    fixed threshold the next 4 MiB buffer lives on a heap, and stays resident when freed."""
+    _reader(MemoryStore()).close()
+    assert map_large_buffers.cache_info().currsize == 1
+    before = bytearray(SIZE)
+    del before  # freed: this would raise a dynamic threshold past 4 MiB
+    mapped = _mapped_bytes()
+    buffer = bytearray(SIZE)
+    assert _mapped_bytes() - mapped >= SIZE
+    del buffer
