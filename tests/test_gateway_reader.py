@@ -73,6 +73,21 @@ def test_small_objects_are_read_whole_once(store: RangeLog) -> None:
     assert r.cache.hits == 1
 
 
+def test_an_object_the_cache_would_not_keep_is_read_by_range(store: RangeLog) -> None:
+    """Small enough to read whole, too large for a quarter of the cache: fetched whole, it
+    would be fetched again at every kernel read; by range, each byte is asked once."""
+    data = os.urandom(3 * MiB)
+    store.inner.set("mid", data)
+    r, window, pieces = reader(store, cache=8 * MiB), ReadWindow(), []
+    assert not r.cache.admits(len(data))
+    for off in range(0, len(data), 128 << 10):
+        piece, window = r.read(window, "mid", 128 << 10, off, len(data))
+        pieces.append(piece)
+    assert b"".join(pieces) == data
+    assert None not in store.ranges  # never whole
+    assert sum(br.length or 0 for br in store.ranges if br is not None) == len(data)
+
+
 def test_cache_stays_within_its_budget(store: RangeLog) -> None:
     for i in range(50):
         store.inner.set(f"c{i}", bytes(MiB))

@@ -259,7 +259,9 @@ class ObjectReader:
     ) -> tuple[bytes, ReadWindow]:
         """``size`` bytes at ``offset`` of an object of ``total`` bytes (None: unknown), and
         the handle's next window."""
-        if total is None or total <= self.small_object:
+        if total is None or (total <= self.small_object and self.cache.admits(total)):
+            # (one the cache would not keep is read by range: fetched whole, it was fetched
+            # whole again for every 128 KiB the kernel asked - 30 s for what took 4)
             if offset == 0:  # a reader starts this object: it may be walking the folder
                 self.prefetcher.read_whole(key)
             data = self.whole(key, version)
