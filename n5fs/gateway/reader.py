@@ -30,12 +30,13 @@ them, in as many arenas as threads, so the heaps fragment: measured on S3 (moto,
 --cache-size 256M``, a sequential then a 4-thread read of 0.9 GiB of N5 chunks, 129 raw of 4
 MiB and 129 gzip of ~3.2 MiB), the daemon's peak RSS was 428-446 MiB, 90-110 over its start
 (83) plus the budget, and stayed there after the reads (``MALLOC_ARENA_MAX=1``: 397-401, still
-60 over). With the threshold fixed at 1 MiB (:func:`map_large_buffers`, done once per process
-when a reader is built) the peak is 342-344 MiB and RSS after the reads is start + budget. The
-price: a buffer of 1 MiB or more is a fresh mapping, its pages faulted in and zeroed by the
-kernel instead of reused from a heap (here ~2.5 ms of CPU per 4 MiB; the daemon's CPU for those
-reads rose ~15 %, within the noise of their times on a shared 2-core machine). Buffers below it
-(the kernel's 128 KiB reads) stay on the heap. A user's own ``MALLOC_MMAP_THRESHOLD_`` or
+60 over). With the threshold fixed at 2 MiB (:func:`map_large_buffers`, done once per process
+when a reader is built) the peak is 342-344 MiB and RSS after the reads is start + budget (1
+MiB gave the same). The price: a buffer of 2 MiB or more is a fresh mapping, its pages faulted
+in and zeroed by the kernel instead of reused from a heap (~2.5 ms of CPU per 4 MiB). Buffers
+below it stay on the heap: the kernel's 128 KiB reads, and the 1 MiB pieces a writer hands
+over, which staging keeps by reference (at 1 MiB each of those was a mapping of its own, and
+a ``cp -r`` of raw 4 MiB chunks cost the daemon ~15 % more). A user's own ``MALLOC_MMAP_THRESHOLD_`` or
 ``glibc.malloc.mmap_threshold`` tunable wins.
 
 Concurrency: a handle's read-ahead state is one immutable :class:`ReadWindow`; ``read`` takes
@@ -77,7 +78,7 @@ READ_WORKERS = 4
 AHEAD_OBJECTS = 4
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 #: malloc requests at least this large get a mapping of their own, unmapped at free
-MMAP_THRESHOLD = 1 << 20
+MMAP_THRESHOLD = 2 << 20
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 
 
