@@ -34,10 +34,10 @@ import tempfile
 import threading
 from typing import TYPE_CHECKING, Protocol
 
+from n5fs.errors import FileTooLarge
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-from n5fs.errors import FileTooLarge
 
 #: base bytes are fetched (and copied into the temp file) at most this much at a time
 FETCH_PIECE = 8 << 20
