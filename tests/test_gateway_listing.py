@@ -133,7 +133,10 @@ def test_every_chunk_lookup_of_a_nested_array_costs_one_walk(counted: CountingSt
     if counted.flat_listing_preferred:
         assert counted.walks == {"arr/": 1}  # one walk answered all 12 folders
         assert counted.below("arr/") == 0
-    else:  # a directory on disk: one scandir per folder is cheaper than a walk
+    elif counted.cheap_stat:  # a directory on disk: each file is one stat, no listing
+        assert not counted.walks
+        assert counted.below("arr/") == 0
+    else:  # one listing per folder is cheaper than a walk
         assert not counted.walks
         assert counted.below("arr/") == ROWS
     assert gw.stat("/arr").kind is EntryKind.DIR  # lists the root (no array there)
@@ -177,7 +180,9 @@ def test_commit_is_visible_at_once_and_outside_writes_after_the_ttl(
     now[0] = 5.0
     assert gw.stat("/arr/13/1").size == len(chunk)
     counted.inner.set("arr/13/2", chunk)
-    assert gw.lookup("/arr/13/2") is None
+    # a listing of arr/13/ answers until the TTL; a local disk was asked for 13/1 alone
+    # (no listing of arr/13/ cached) and shows 13/2 at once: fresher, never staler
+    assert (gw.lookup("/arr/13/2") is None) is not counted.cheap_stat
     gw.drop_caches()
     assert gw.lookup("/arr/13/2") is not None
     if counted.flat_listing_preferred:
@@ -203,7 +208,8 @@ def test_flat_listings_off(counted: CountingStore) -> None:
     for key in chunk_keys():
         gw.stat("/" + key)
     assert not counted.walks
-    assert counted.lists == {f"arr/{i}/": 1 for i in range(ROWS)}
+    # (a local disk stats each file instead: no folder listed at all)
+    assert counted.lists == ({} if counted.cheap_stat else {f"arr/{i}/": 1 for i in range(ROWS)})
 
 
 def test_big_array_is_split_and_walked_in_parallel(
@@ -587,3 +593,52 @@ def test_a_failed_refresh_ends_the_stale_answers() -> None:
         time.sleep(0.01)
     with pytest.raises(StoreUnavailable):
         cache.load("zarr/", slow_list)
+
+
+class StatCounting(CountingStore):
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self.stats: list[str] = []
+
+    def stat(self, key: str) -> KeyInfo | None:
+        self.stats.append(key)
+        return super().stat(key)
+
+
+def test_a_file_lookup_on_a_local_disk_stats_the_file_not_its_folder(tmp_path: Path) -> None:
+    """Reading some chunks of a big tree cold: each file is one stat, not a scandir and a
+    stat of every neighbour; a miss (and what follows in that folder) is the listing's."""
+    from n5fs.kvstore.tempnames import temp_name
+
+    root = tmp_path / "store"
+    (root / "a").mkdir(parents=True)
+    for i in range(50):
+        (root / "a" / f"c{i}").write_bytes(b"x" * i)
+    (root / "a" / temp_name("c1")).write_bytes(b"a writer's temp file")
+    store = StatCounting(FileStore(root))
+    assert store.cheap_stat
+    gw = Gateway(store, GatewayConfig())
+    attr = gw.stat("/a/c7")
+    assert (attr.kind, attr.size) == (EntryKind.FILE, 7)
+    assert store.stats == ["a/c7"]
+    assert store.lists["a/"] == 0
+    assert store.stat(f"a/{temp_name('c1')}") is None  # never a key, listed or asked
+    store.stats.clear()
+    with pytest.raises(KeyNotFound):
+        gw.stat("/a/missing")
+    assert store.lists["a/"] == 1  # the miss is decided by the listing, which stays
+    assert gw.stat("/a/c9").size == 9
+    assert store.stats == ["a/missing"]
+    assert store.lists["a/"] == 1
+
+
+def test_a_store_without_cheap_stat_answers_lookups_from_its_listing() -> None:
+    inner = MemoryStore()
+    for i in range(5):
+        inner.set(f"a/c{i}", b"x" * i)
+    store = StatCounting(inner)
+    assert not store.cheap_stat
+    gw = Gateway(store, GatewayConfig())
+    assert [gw.stat(f"/a/c{i}").size for i in range(5)] == list(range(5))
+    assert store.stats == []
+    assert store.lists["a/"] == 1

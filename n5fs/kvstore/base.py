@@ -126,6 +126,11 @@ class KvStore(abc.ABC):
     listing_mtimes: ClassVar[bool] = True
     #: a prefix can exist with nothing under it (a directory on disk)
     empty_prefixes: ClassVar[bool] = False
+    #: :meth:`stat` of one key costs less than listing its folder (a local disk: a few
+    #: ``lstat`` calls against a ``scandir`` and a ``stat`` per entry). A lookup of a file in
+    #: a folder not listed yet then asks ``stat``; on S3 one LIST answers every lookup of the
+    #: folder, cheaper than a HEAD per key
+    cheap_stat: ClassVar[bool] = False
     #: one :meth:`walk` of a whole array costs less than listing its folders one by one (a
     #: LIST request per folder on S3; a scan of every key per folder in memory): the gateway
     #: then answers every folder of an array's chunk tree from one walk. A directory on disk

@@ -176,8 +176,14 @@ class FileStore(KvStore):
                 return self._existing(key)
         return path
 
+    cheap_stat = True
+
     def stat(self, key: str) -> KeyInfo | None:
-        path = self._existing(key)
+        """A key as :meth:`list` shows it (a temp file of a writer is none), found by
+        :meth:`local_path`'s checks (an ``lstat`` per component, no ``realpath``)."""
+        if is_partial(key.rpartition("/")[2]):
+            return None
+        path = self.local_path(key)
         if path is None:
             return None
         try:

@@ -48,6 +48,10 @@ class ForwardingStore(KvStore):
         return self.inner.listing_mtimes
 
     @property
+    def cheap_stat(self) -> bool:  # type: ignore[override]
+        return self.inner.cheap_stat
+
+    @property
     def atomic_prefix_rename(self) -> bool:  # type: ignore[override]
         return self.inner.atomic_prefix_rename
 
