@@ -174,3 +174,35 @@ def test_many_mounts_options_are_checked() -> None:
     ):
         with pytest.raises(InvalidSource, match=f"{name} must be one of"):
             parse_options([bad])
+
+
+def test_a_failed_sync_leaves_its_sets_for_the_next_flush(
+    tmp_path: Path, fsyncs: Fsyncs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error in a flush answers the caller's fsync with it, and the sets stay owed:
+    the next flush syncs them instead of reporting success for sets it never saw."""
+    monkeypatch.setattr(file_store, "MAX_UNSYNCED", 2)
+    monkeypatch.setattr(file_store, "can_sync_filesystem", lambda: True)
+    failures = [OSError(5, "syncfs: Input/output error")]
+    synced: list[str] = []
+
+    def sync(path: str) -> bool:
+        if failures:
+            raise failures.pop()
+        synced.append(path)
+        return True
+
+    monkeypatch.setattr(file_store, "sync_filesystem", sync)
+    store = FileStore(tmp_path, durability=Durability.FSYNC)
+    for i in range(5):
+        store.set(f"k{i}", b"x")
+    assert store.unsynced == 5
+    with pytest.raises(OSError, match="Input/output"):
+        store.flush()
+    assert store.unsynced == 5
+    store.set("k9", b"y")
+    assert store.unsynced == 6
+    store.flush()
+    assert synced == [str(tmp_path)]
+    assert store.unsynced == 0
+    assert fsyncs.take() == []

@@ -308,13 +308,21 @@ class FileStore(KvStore):
         with self._unsynced_lock:
             paths, self._unsynced = list(self._unsynced), {}
             untracked, self._untracked = self._untracked, 0
-        if untracked and sync_filesystem(self._root):
-            return
-        for path in paths:
-            fsync_file(path)
-        for folder in dict.fromkeys(os.path.dirname(p) for p in paths):
-            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                fsync_dir(folder)
+        try:
+            if untracked and sync_filesystem(self._root):
+                return
+            for path in paths:
+                fsync_file(path)
+            for folder in dict.fromkeys(os.path.dirname(p) for p in paths):
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                    fsync_dir(folder)
+        except BaseException:
+            # not durable: what this flush took waits for the next one, which must not
+            # answer "synced" for sets it never saw
+            with self._unsynced_lock:
+                self._unsynced = {**dict.fromkeys(paths), **self._unsynced}
+                self._untracked += untracked
+            raise
 
     @property
     def unsynced(self) -> int:
