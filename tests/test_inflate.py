@@ -1,4 +1,4 @@
-"""The inflater (zlib-ng when installed) is exactly as strict as zlib: every stream, good or
+"""The inflater (ISA-L when installed) is exactly as strict as zlib: every stream, good or
 damaged, gets the same verdict and the same bytes through :mod:`n5fs.codecs.limits` and the
 streaming check as through the standard library's zlib."""
 
@@ -93,3 +93,27 @@ def test_zlib_framing_and_trailing_bytes() -> None:
     dec = inflater()
     assert dec.decompress(stream, 100) == RAMP[:100]
     assert dec.unconsumed_tail  # the protocol the streaming check relies on
+
+
+def zlib_damaged(stream: bytes) -> dict[str, bytes]:
+    """A good zlib-framed stream (Zarr v2 ``zlib``, N5 ``useZlib``) and ways to break it."""
+    middle = len(stream) // 2
+    return {
+        "good": stream,
+        "truncated": stream[:middle],
+        "bit flipped": stream[:middle] + bytes([stream[middle] ^ 0x10]) + stream[middle + 1 :],
+        "bad adler": stream[:-1] + bytes([stream[-1] ^ 0xFF]),
+        "bad header": b"\x78\x00" + stream[2:],
+    }
+
+
+@pytest.mark.parametrize("case", list(zlib_damaged(zlib.compress(RAMP))))
+def test_zlib_framed_decode_agrees_with_zlib(case: str) -> None:
+    stream = zlib_damaged(zlib.compress(RAMP))[case]
+    expected = stdlib_verdict(stream, zlib.MAX_WBITS)
+    try:
+        got: bytes | None = zlib_decompress(stream, len(RAMP))
+    except CodecError:
+        got = None
+    assert got == expected, f"{INFLATE} and zlib disagree on a {case} zlib stream"
+    assert (expected is not None) == (case == "good")
