@@ -632,6 +632,24 @@ def test_a_file_lookup_on_a_local_disk_stats_the_file_not_its_folder(tmp_path: P
     assert store.lists["a/"] == 1
 
 
+def test_an_open_for_reading_on_a_local_disk_lists_nothing(tmp_path: Path) -> None:
+    """Reading small files cold (lookup, open, read, release): the open fstats its own
+    descriptor; it does not list the folder to learn the file's listed size and mtime."""
+    root = tmp_path / "store"
+    (root / "a").mkdir(parents=True)
+    for i in range(20):
+        (root / "a" / f"c{i}").write_bytes(bytes([i]) * (i + 1))
+    store = StatCounting(FileStore(root))
+    gw = Gateway(store, GatewayConfig())
+    for i in (3, 11):
+        gw.stat(f"/a/c{i}")
+        fh = gw.open(f"/a/c{i}", os.O_RDONLY)
+        assert gw.read(fh, 100, 0) == bytes([i]) * (i + 1)
+        gw.release(fh)
+    assert store.lists["a/"] == 0
+    assert set(store.stats) == {"a/c3", "a/c11"}  # each file itself, none of its neighbours
+
+
 def test_a_store_without_cheap_stat_answers_lookups_from_its_listing() -> None:
     inner = MemoryStore()
     for i in range(5):

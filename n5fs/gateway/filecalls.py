@@ -43,8 +43,10 @@ from n5fs.kvstore.keys import parent
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from n5fs.gateway.cache import Stamp
     from n5fs.gateway.committer import Committer
     from n5fs.gateway.handles import OpenFiles
+    from n5fs.gateway.namespace import Attr
     from n5fs.gateway.reader import ObjectReader
     from n5fs.gateway.view import NamespaceView
     from n5fs.kvstore.base import KvStore
@@ -126,9 +128,10 @@ class FileCalls:
         if attr.kind is EntryKind.DIR:
             raise IsAPrefix(f"is a directory: {path}")
         if not writing:
-            info = self.view.info(key)
-            listed = stamp_of(info) if info is not None else (attr.size, attr.mtime)
-            return self.files.add_handle(self.files.reading(key, flags, self.reader, listed))
+            found = attr
+            return self.files.add_handle(
+                self.files.reading(key, flags, self.reader, lambda: self._listed(key, found))
+            )
         base = self.committer.base_of(key)
         node = self.files.acquire_locked(key)
         try:
@@ -141,6 +144,13 @@ class FileCalls:
         finally:
             node.lock.release()
         return self.files.add_handle(Handle(node, flags))
+
+    def _listed(self, key: str, attr: Attr) -> Stamp:
+        """What stands for ``key``'s bytes at an open with no local file to ``fstat``: the
+        listing's size, mtime and ETag (asked only then: on a local disk the listing would
+        cost a ``stat`` of every file of the folder, where the open needs none)."""
+        info = self.view.info(key)
+        return stamp_of(info) if info is not None else (attr.size, attr.mtime)
 
     def page_cache(self, fh: int) -> PageCache:
         """What the kernel does with the pages it caches of the file at this open: keeps them

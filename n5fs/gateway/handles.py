@@ -38,7 +38,7 @@ from n5fs.kvstore.base import ByteRange
 from n5fs.kvstore.keys import parent
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from n5fs.gateway.cache import Stamp
     from n5fs.gateway.reader import ObjectReader
@@ -164,10 +164,12 @@ class OpenFiles:
         with self._lock:
             return len(self._handles)
 
-    def reading(self, key: str, flags: int, reader: ObjectReader, listed: Stamp) -> Handle:
+    def reading(
+        self, key: str, flags: int, reader: ObjectReader, listed: Callable[[], Stamp]
+    ) -> Handle:
         """A read-only handle of ``key``: its own descriptor of the local file where the store
-        has one, and what the kernel does with its cached pages (the listing's ``listed``
-        stamp stands for the file where there is no local one to ``fstat``)."""
+        has one, and what the kernel does with its cached pages (``listed()``, the listing's
+        stamp, stands for the file where there is no local one to ``fstat``)."""
         handle = Handle(self.acquire(key), flags)
         node = handle.node
         assert node is not None
@@ -179,7 +181,7 @@ class OpenFiles:
                 return handle
             mixed = local is not None and node.start_reading(local.stamp)
             handle.local = local
-        stamp = local.stamp if local is not None else listed
+        stamp = local.stamp if local is not None else listed()
         handle.page_cache = reader.page_cache(key, stamp, mixed=mixed)
         return handle
 
