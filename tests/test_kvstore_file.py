@@ -45,6 +45,31 @@ def test_symlink_inside_root_is_served(store: FileStore) -> None:
     assert store.get("alias/a") == b"1"
 
 
+def test_a_checked_folder_swapped_for_a_link_out_of_the_root_is_not_followed(
+    store: FileStore, tmp_path: Path
+) -> None:
+    """Lookups remember a folder they checked (no link on its path) by its inode: a folder
+    replaced afterwards, by a link out of the root or by another folder, is checked again."""
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "c").write_bytes(b"secret")
+    store.set("a/b/c", b"inside")
+    assert store.stat("a/b/c") is not None  # "a/b" is now a checked folder
+    assert store.local_path("a/b/c") == str(store.root / "a" / "b" / "c")
+    os.rename(store.root / "a", tmp_path / "moved")
+    os.symlink(outside, store.root / "a")  # a/b now resolves to outside/b
+    assert store.stat("a/b/c") is None
+    assert store.local_path("a/b/c") is None
+    assert store.get("a/b/c") is None
+    os.unlink(store.root / "a")
+    store.set("a/b/c", b"new folder")  # a new directory at the checked path
+    assert store.local_path("a/b/c") == str(store.root / "a" / "b" / "c")
+    assert store.get("a/b/c") == b"new folder"
+    info = store.stat("a/b/c")
+    assert info is not None
+    assert info.size == len(b"new folder")
+
+
 def test_temp_files_are_hidden(store: FileStore) -> None:
     store.set("k", b"1")
     (store.root / f".k.123{PARTIAL_SUFFIX}").write_bytes(b"half")

@@ -74,6 +74,10 @@ _BY_KEY = operator.attrgetter("key")
 #: with deferred durability, at most this many written paths are remembered for a flush; past
 #: it the flush syncs the whole filesystem (or, without ``syncfs``, they are synced at once)
 MAX_UNSYNCED = 4096
+#: folders :meth:`FileStore._resolve` remembers as checked (a hint; forgotten all at once)
+MAX_CHECKED_FOLDERS = 4096
+#: :meth:`FileStore._checked_folder`: a component of the folder is a link
+_LINKED = "\0linked"
 
 
 class Durability(str, enum.Enum):
@@ -98,6 +102,10 @@ class FileStore(KvStore):
         self._spec = FileSpec(path=os.fspath(root))
         self._root = os.path.abspath(self._spec.path)
         self._real_root: str | None = None
+        #: folders whose path :meth:`_checked_folder` walked: key -> (st_dev, st_ino); a hint
+        #: re-checked at each use; one ``get`` or item set at a time (atomic), emptied by
+        #: replacing the dict when full: no lock
+        self._folders: dict[str, tuple[int, int]] = {}
         self.durability = Durability(durability)
         self._unsynced: dict[str, None] = {}  # paths set since the last flush (FSYNC), in order
         self._untracked = 0  # sets past MAX_UNSYNCED: the next flush syncs the filesystem
@@ -158,38 +166,85 @@ class FileStore(KvStore):
 
     def local_path(self, key: str) -> str | None:
         """The file of ``key``, None when absent or when a link leads it out of the root (as
-        :meth:`get` decides). Every open of a mount asks, so it costs one ``lstat`` per
-        component of the key below the resolved root (where only the key's own components
-        can be links) instead of a ``realpath`` of the whole path; a link anywhere falls back
-        to the full check."""
+        :meth:`get` decides). Every open of a mount asks; see :meth:`_resolve` for its cost."""
+        found = self._resolve(key)
+        return None if found is None else found[0]
+
+    def _resolve(self, key: str) -> tuple[str, os.stat_result | None] | None:
+        """``key``'s path and, unless a link had to be followed, its ``lstat``; None as in
+        :meth:`local_path`.
+
+        Cost: an ``lstat`` of the key's folder and one of the file. The folder's path was
+        walked once, an ``lstat`` per component below the resolved root (only the key's own
+        components can be links), and its (device, inode) remembered; later it counts as
+        checked while its path still leads to that directory. A directory inside the root
+        moved out and replaced by a link still holds only what was inside the root. A link
+        anywhere falls back to the full ``realpath`` check; no ``realpath`` otherwise."""
         real_root = self._real_root
         if real_root is None:
-            return self._existing(key)  # resolves the root once it exists
-        path = real_root
-        for part in self._key(key).split("/"):
-            path = f"{path}{os.sep}{part}"
+            path = self._existing(key)  # resolves the root once it exists
+            return None if path is None else (path, None)
+        folder, _, name = self._key(key).rpartition("/")
+        base = self._checked_folder(real_root, folder) if folder else real_root
+        if base is None:
+            return None
+        if base is _LINKED:
+            path = self._existing(key)
+            return None if path is None else (path, None)
+        path = f"{base}{os.sep}{name}"
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if stat_mod.S_ISLNK(st.st_mode):
+            linked = self._existing(key)
+            return None if linked is None else (linked, None)
+        return path, st
+
+    def _checked_folder(self, real_root: str, folder: str) -> str | None:
+        """The path of ``folder`` (a key without a trailing ``/``) if every component is a
+        directory and none a link; ``_LINKED`` if one is a link; None if one is missing."""
+        path = f"{real_root}{os.sep}{folder}"
+        known = self._folders.get(folder)
+        if known is not None:
             try:
-                mode = os.lstat(path).st_mode
+                st = os.lstat(path)
             except OSError:
                 return None
-            if stat_mod.S_ISLNK(mode):
-                return self._existing(key)
+            if stat_mod.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) == known:
+                return path
+        walked = real_root
+        for part in folder.split("/"):
+            walked = f"{walked}{os.sep}{part}"
+            try:
+                st = os.lstat(walked)
+            except OSError:
+                return None
+            if stat_mod.S_ISLNK(st.st_mode):
+                return _LINKED
+            if not stat_mod.S_ISDIR(st.st_mode):
+                return None
+        if len(self._folders) >= MAX_CHECKED_FOLDERS:
+            self._folders = {}  # a hint only: forgetting costs one walk per folder
+        self._folders[folder] = (st.st_dev, st.st_ino)
         return path
 
     cheap_stat = True
 
     def stat(self, key: str) -> KeyInfo | None:
         """A key as :meth:`list` shows it (a temp file of a writer is none), found by
-        :meth:`local_path`'s checks (an ``lstat`` per component, no ``realpath``)."""
+        :meth:`_resolve` (two ``lstat`` calls where no link is involved)."""
         if is_partial(key.rpartition("/")[2]):
             return None
-        path = self.local_path(key)
-        if path is None:
+        found = self._resolve(key)
+        if found is None:
             return None
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+        path, st = found
+        if st is None:
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
         if not stat_mod.S_ISREG(st.st_mode):
             return None
         return KeyInfo(key, st.st_size, st.st_mtime)
