@@ -130,6 +130,24 @@ def test_readers_of_two_versions_never_see_each_others_bytes(mounter, backing):
     assert read(path) == NEW
 
 
+def test_closing_a_reader_does_not_commit_another_descriptors_writes(mounter, backing):
+    """A read-only descriptor commits nothing at close (the kernel is told not to FLUSH it):
+    the writer's own close commits its bytes, and a reader's close meanwhile changes
+    nothing in the store."""
+    mp = mounter.foreground(str(backing))
+    path = mp / "plain" / "f.bin"
+    writer = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(writer, NEW)
+        reader = os.open(path, os.O_RDONLY)
+        os.close(reader)
+        assert (backing / "plain" / "f.bin").read_bytes() == OLD
+    finally:
+        os.close(writer)
+    assert (backing / "plain" / "f.bin").read_bytes() == NEW
+    assert read(path) == NEW
+
+
 # == extended attributes ==========================================================================
 
 
