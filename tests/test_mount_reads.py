@@ -130,6 +130,21 @@ def test_readers_of_two_versions_never_see_each_others_bytes(mounter, backing):
     assert read(path) == NEW
 
 
+def test_stat_through_the_mount_shows_the_stored_file(mounter, backing):
+    """Every field ``stat`` shows of a file and a folder (filled without a dict per call)."""
+    os.utime(backing / "plain" / "notes.txt", ns=(0, 1_234_567_891_000_000_000))
+    mp = mounter.foreground(str(backing))
+    st = os.stat(mp / "plain" / "notes.txt")
+    assert (st.st_size, st.st_nlink, st.st_blocks) == (6, 1, 1)
+    assert st.st_mode == 0o100644
+    assert (st.st_uid, st.st_gid) == (os.getuid(), os.getgid())
+    assert st.st_mtime_ns == st.st_ctime_ns == st.st_atime_ns == 1_234_567_891_000_000_000
+    folder = os.stat(mp / "plain")
+    assert (folder.st_mode, folder.st_nlink) == (0o40755, 2)
+    with pytest.raises(FileNotFoundError):
+        os.stat(mp / "plain" / "absent")
+
+
 def test_closing_a_reader_does_not_commit_another_descriptors_writes(mounter, backing):
     """A read-only descriptor commits nothing at close (the kernel is told not to FLUSH it):
     the writer's own close commits its bytes, and a reader's close meanwhile changes

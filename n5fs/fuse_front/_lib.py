@@ -289,6 +289,8 @@ class DirSource(Protocol):
 
     def page_cache(self, path: str, fh: int) -> PageCache: ...
 
+    def attr(self, path: str) -> Attr: ...
+
 
 def _entries_from(
     ops: DirSource, path: str, fh: int, offset: int
@@ -414,6 +416,16 @@ if IS_MFUSEPY:
                 )
                 if full != 0:
                     break
+            return 0
+
+        def getattr_fuse_3(self, path: bytes | None, buf: Any, fip: Any) -> int:
+            """getattr (every lookup) without a dict: the entry's :class:`Attr` fills
+            ``struct stat`` field by field, as readdir-plus does (mfusepy's generic route
+            builds a dict and sets it key by key)."""
+            if path is None:  # an open file's attributes without its name: mfusepy's route
+                return int(super().getattr_fuse_3(path, buf, fip))
+            ops = self.operations
+            _StatFiller(buf.contents, ops.to_stat)(ops.attr(self._path(path)))
             return 0
 
         def readdir_fuse_2(self, path: bytes, buf: Any, filler: Any, offset: int, fip: Any) -> int:

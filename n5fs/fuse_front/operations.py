@@ -152,7 +152,11 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
     # == metadata =================================================================================
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, int]:
-        return self._run("getattr " + path, lambda: self.to_stat(self.gateway.stat(path)))
+        return self.to_stat(self.attr(path))
+
+    def attr(self, path: str) -> Attr:
+        """What ``getattr`` answers, before it becomes ``st_*`` fields."""
+        return self._run("getattr " + path, lambda: self.gateway.stat(path))
 
     def readlink(self, path: str) -> str:
         return self._run("readlink " + path, lambda: self.gateway.readlink(path))
