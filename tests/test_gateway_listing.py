@@ -19,7 +19,7 @@ import pytest
 import zarr
 
 from n5fs.caching import LoadingCache
-from n5fs.errors import KeyNotFound, StoreUnavailable
+from n5fs.errors import IsAPrefix, KeyNotFound, StoreUnavailable
 from n5fs.gateway import EntryKind, Gateway, GatewayConfig
 from n5fs.gateway import walks as walks_module
 from n5fs.gateway.namespace import FolderSplitter
@@ -634,11 +634,15 @@ def test_a_file_lookup_on_a_local_disk_stats_the_file_not_its_folder(tmp_path: P
 
 def test_an_open_for_reading_on_a_local_disk_lists_nothing(tmp_path: Path) -> None:
     """Reading small files cold (lookup, open, read, release): the open fstats its own
-    descriptor; it does not list the folder to learn the file's listed size and mtime."""
+    descriptor; it neither lists the folder nor looks the file up again. A writer's temp
+    file is never opened, though it is on disk."""
+    from n5fs.kvstore.tempnames import temp_name
+
     root = tmp_path / "store"
     (root / "a").mkdir(parents=True)
     for i in range(20):
         (root / "a" / f"c{i}").write_bytes(bytes([i]) * (i + 1))
+    (root / "a" / temp_name("c5")).write_bytes(b"half written")
     store = StatCounting(FileStore(root))
     gw = Gateway(store, GatewayConfig())
     for i in (3, 11):
@@ -647,7 +651,11 @@ def test_an_open_for_reading_on_a_local_disk_lists_nothing(tmp_path: Path) -> No
         assert gw.read(fh, 100, 0) == bytes([i]) * (i + 1)
         gw.release(fh)
     assert store.lists["a/"] == 0
-    assert set(store.stats) == {"a/c3", "a/c11"}  # each file itself, none of its neighbours
+    assert store.stats == ["a/c3", "a/c11"]  # the lookups; each open fstats its descriptor
+    for name, error in ((temp_name("c5"), KeyNotFound), ("", IsAPrefix), ("gone", KeyNotFound)):
+        with pytest.raises(error):
+            gw.open(f"/a/{name}".rstrip("/"), os.O_RDONLY)  # the namespace words it
+    assert store.lists["a/"] == 1  # the misses asked the folder's listing
 
 
 def test_a_store_without_cheap_stat_answers_lookups_from_its_listing() -> None:

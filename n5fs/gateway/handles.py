@@ -165,15 +165,21 @@ class OpenFiles:
             return len(self._handles)
 
     def reading(
-        self, key: str, flags: int, reader: ObjectReader, listed: Callable[[], Stamp]
+        self,
+        key: str,
+        flags: int,
+        reader: ObjectReader,
+        local: LocalFile | None,
+        listed: Callable[[], Stamp] | None = None,
     ) -> Handle:
-        """A read-only handle of ``key``: its own descriptor of the local file where the store
-        has one, and what the kernel does with its cached pages (``listed()``, the listing's
-        stamp, stands for the file where there is no local one to ``fstat``)."""
+        """A read-only handle of ``key`` holding ``local``, the caller's descriptor of the
+        store's local file (None where there is none), and what the kernel does with its
+        cached pages (``listed()``, the listing's stamp, stands for the file where there is no
+        local one to ``fstat``: required then). A file being written is read through its
+        staging."""
         handle = Handle(self.acquire(key), flags)
         node = handle.node
         assert node is not None
-        local = reader.open_local(key)
         with node.lock:
             if node.staged is not None:  # being written: reads go through the staging
                 if local is not None:
@@ -181,7 +187,11 @@ class OpenFiles:
                 return handle
             mixed = local is not None and node.start_reading(local.stamp)
             handle.local = local
-        stamp = local.stamp if local is not None else listed()
+        if local is not None:
+            stamp = local.stamp
+        else:
+            assert listed is not None, "a handle without a local file needs the listing's stamp"
+            stamp = listed()
         handle.page_cache = reader.page_cache(key, stamp, mixed=mixed)
         return handle
 
