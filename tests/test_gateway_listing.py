@@ -642,7 +642,8 @@ def test_an_open_for_reading_on_a_local_disk_lists_nothing(tmp_path: Path) -> No
     (root / "a").mkdir(parents=True)
     for i in range(20):
         (root / "a" / f"c{i}").write_bytes(bytes([i]) * (i + 1))
-    (root / "a" / temp_name("c5")).write_bytes(b"half written")
+    partial = temp_name("c5")  # (a new name at every call)
+    (root / "a" / partial).write_bytes(b"half written")
     store = StatCounting(FileStore(root))
     gw = Gateway(store, GatewayConfig())
     for i in (3, 11):
@@ -652,7 +653,7 @@ def test_an_open_for_reading_on_a_local_disk_lists_nothing(tmp_path: Path) -> No
         gw.release(fh)
     assert store.lists["a/"] == 0
     assert store.stats == ["a/c3", "a/c11"]  # the lookups; each open fstats its descriptor
-    for name, error in ((temp_name("c5"), KeyNotFound), ("", IsAPrefix), ("gone", KeyNotFound)):
+    for name, error in ((partial, KeyNotFound), ("", IsAPrefix), ("gone", KeyNotFound)):
         with pytest.raises(error):
             gw.open(f"/a/{name}".rstrip("/"), os.O_RDONLY)  # the namespace words it
     assert store.lists["a/"] == 1  # the misses asked the folder's listing
