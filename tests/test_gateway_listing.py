@@ -607,14 +607,17 @@ class StatCounting(CountingStore):
 
 def test_a_file_lookup_on_a_local_disk_stats_the_file_not_its_folder(tmp_path: Path) -> None:
     """Reading some chunks of a big tree cold: each file is one stat, not a scandir and a
-    stat of every neighbour; a miss (and what follows in that folder) is the listing's."""
+    stat of every neighbour; a name with nothing on disk is a miss without a listing too (a
+    stat storm of absent chunk keys); a folder, or a temp file, is the listing's to decide,
+    and what follows in that folder too."""
     from n5fs.kvstore.tempnames import temp_name
 
     root = tmp_path / "store"
-    (root / "a").mkdir(parents=True)
+    (root / "a" / "sub").mkdir(parents=True)
     for i in range(50):
         (root / "a" / f"c{i}").write_bytes(b"x" * i)
-    (root / "a" / temp_name("c1")).write_bytes(b"a writer's temp file")
+    partial = temp_name("c1")
+    (root / "a" / partial).write_bytes(b"a writer's temp file")
     store = StatCounting(FileStore(root))
     assert store.cheap_stat
     gw = Gateway(store, GatewayConfig())
@@ -622,13 +625,18 @@ def test_a_file_lookup_on_a_local_disk_stats_the_file_not_its_folder(tmp_path: P
     assert (attr.kind, attr.size) == (EntryKind.FILE, 7)
     assert store.stats == ["a/c7"]
     assert store.lists["a/"] == 0
-    assert store.stat(f"a/{temp_name('c1')}") is None  # never a key, listed or asked
+    assert store.stat(f"a/{partial}") is None  # never a key, listed or asked
     store.stats.clear()
+    for missing in ("a/missing", "a/nowhere/c0", "b/c0"):
+        with pytest.raises(KeyNotFound):
+            gw.stat(f"/{missing}")
+    assert store.lists == {}  # nothing on disk: no listing needed to say so
     with pytest.raises(KeyNotFound):
-        gw.stat("/a/missing")
-    assert store.lists["a/"] == 1  # the miss is decided by the listing, which stays
+        gw.stat(f"/a/{partial}")  # on disk, but no key: the listing decides
+    assert store.lists["a/"] == 1
+    assert gw.stat("/a/sub").kind is EntryKind.DIR
     assert gw.stat("/a/c9").size == 9
-    assert store.stats == ["a/missing"]
+    assert store.stats == ["a/missing", "a/nowhere/c0", "b/c0", f"a/{partial}"]  # then listed
     assert store.lists["a/"] == 1
 
 

@@ -70,6 +70,17 @@ def test_a_checked_folder_swapped_for_a_link_out_of_the_root_is_not_followed(
     assert info.size == len(b"new folder")
 
 
+def test_nothing_at_is_sure_only_when_nothing_is_on_disk(store: FileStore, tmp_path: Path) -> None:
+    store.set("a/b/c", b"1")
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", store.root / "link")
+    (store.root / "a" / f".c.1{PARTIAL_SUFFIX}").write_bytes(b"half")
+    for key in ("a/b/missing", "a/nowhere/c", "nowhere", "a/b/c/below"):
+        assert store.nothing_at(key), key
+    for key in ("a/b/c", "a/b", "a", "link", "link/x", f"a/.c.1{PARTIAL_SUFFIX}"):
+        assert not store.nothing_at(key), key  # something there, or a link on the way
+
+
 def test_temp_files_are_hidden(store: FileStore) -> None:
     store.set("k", b"1")
     (store.root / f".k.123{PARTIAL_SUFFIX}").write_bytes(b"half")

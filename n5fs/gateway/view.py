@@ -181,20 +181,24 @@ class NamespaceView:
         if self.is_vdir(key):
             return Attr(EntryKind.DIR, writable=self.writable)
         folder, name = dir_prefix(parent(key)), basename(key)
+        listed = True
         if self.store.cheap_stat and not self.listings.answers(folder) and not self._absent(folder):
             # a local disk: the file alone, not a scandir and a stat of all its neighbours
             # (reading 10k of 51k chunks cold listed every folder of the tree: 1.7x the
-            # passthrough's time); a miss, a folder or a link is decided by the listing
+            # passthrough's time); a name with nothing on disk is a miss without a listing
+            # either (a stat storm of absent chunk keys); a folder or a link is the listing's
             info = self.store.stat(key)
             if info is not None:
                 return Attr(EntryKind.FILE, info.size, info.mtime, self.writable)
-        entries = self.entries(folder)
-        if name in entries.dirs:
-            return Attr(EntryKind.DIR, writable=self.writable)
-        info = entries.files.get(name)
-        if info is not None:
-            return Attr(EntryKind.FILE, info.size, info.mtime, self.writable)
-        target = self.links(folder).get(name)
+            listed = not self.store.nothing_at(key)
+        if listed:
+            entries = self.entries(folder)
+            if name in entries.dirs:
+                return Attr(EntryKind.DIR, writable=self.writable)
+            info = entries.files.get(name)
+            if info is not None:
+                return Attr(EntryKind.FILE, info.size, info.mtime, self.writable)
+        target = self.links(folder).get(name)  # hdmf-zarr links live in metadata, not on disk
         if target is not None:
             return Attr(EntryKind.SYMLINK, len(target), writable=self.writable)
         raise KeyNotFound(f"no such file or directory: /{key}")

@@ -267,6 +267,12 @@ class KvStore(abc.ABC):
         self.put_file(key, path)
         os.unlink(path)
 
+    def nothing_at(self, key: str) -> bool:
+        """True when the store can tell at the cost of a :meth:`stat` that ``key`` is neither
+        a key nor a prefix (a lookup's miss then needs no listing of its folder); False when
+        it cannot, or when something is there. The default: False (ask the listing)."""
+        return False
+
     def local_path(self, key: str) -> str | None:
         """A path on this machine holding ``key``'s bytes, for readers that can ``pread`` it
         through the page cache instead of copying it through :meth:`get`; None where the

@@ -201,6 +201,30 @@ class FileStore(KvStore):
             return None if linked is None else (linked, None)
         return path, st
 
+    def nothing_at(self, key: str) -> bool:
+        """Nothing on disk at ``key``: a component of its folder is missing (or a file), or
+        an ``lstat`` of it finds no entry. False where a link is on the way (unsure)."""
+        real_root = self._real_root
+        if real_root is None:
+            with contextlib.suppress(AccessDenied):
+                self._check_inside(self._root, "")  # resolves the root once it exists
+            real_root = self._real_root
+            if real_root is None:
+                return not os.path.lexists(self._root)  # no root yet: no keys either
+        folder, _, name = self._key(key).rpartition("/")
+        base = self._checked_folder(real_root, folder) if folder else real_root
+        if base is None:
+            return True
+        if base is _LINKED:
+            return False
+        try:
+            os.lstat(f"{base}{os.sep}{name}")
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        return False
+
     def _checked_folder(self, real_root: str, folder: str) -> str | None:
         """The path of ``folder`` (a key without a trailing ``/``) if every component is a
         directory and none a link; ``_LINKED`` if one is a link; None if one is missing."""

@@ -117,6 +117,9 @@ class ForwardingStore(KvStore):
     def local_path(self, key: str) -> str | None:
         return self.inner.local_path(key)
 
+    def nothing_at(self, key: str) -> bool:
+        return self.inner.nothing_at(key)
+
     def set_mtime(self, key: str, mtime: float) -> None:
         self.inner.set_mtime(key, mtime)
 
