@@ -11,7 +11,8 @@ of input: on 4 MiB gzip N5 blocks of noisy uint16 written by Python's zlib, zlib
 (the previous choice) 199, ISA-L (SIMD Huffman decoding) 325; on the blocks TensorStore writes
 for the mount benchmark (80 % kept), 218, 239 and 264. ISA-L checks the same headers,
 checksums and lengths as zlib (``tests/test_inflate.py`` holds them to zlib's verdicts),
-keep the input an output limit left over in ``unconsumed_tail``, and release the GIL per call.
+keeps the input an output limit left over in ``unconsumed_tail``, and releases the GIL per
+call.
 Encoding stays on :mod:`zlib`, whose output other tools' tests expect.
 """
 

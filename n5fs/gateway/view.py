@@ -19,7 +19,8 @@ State and locks:
   a leaf lock;
 - on a store whose ``stat`` of one key is cheaper than listing its folder (a local disk), a
   lookup of a file in a folder with no live listing asks ``stat`` for that file alone, unless
-  a cached listing above leaves the folder out; a miss lists the folder, as elsewhere;
+  a cached listing above leaves the folder out; a name with nothing on disk is a miss
+  (``nothing_at``) without a listing; anything else there lists the folder, as elsewhere;
 - uncommitted new files come from :class:`~n5fs.gateway.handles.OpenFiles` (its own locks).
 Nothing here writes to the store except ``make_prefix``/``remove_prefix`` for directories.
 """
