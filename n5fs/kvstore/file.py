@@ -11,6 +11,9 @@ itself (measured: 1 GiB in 4 MiB files, 0.5 s without, 2.4 s with them). With ``
 mount's default) they are deferred to :meth:`FileStore.flush` (the mount's ``fsync()`` and
 unmount), as a local filesystem makes ``close()`` cheap and ``fsync()`` durable; the paths
 written since are remembered (a bounded set, synced early when full) under a leaf lock.
+Folders a lookup walked (no link on their path) are remembered by (device, inode) in a plain
+dict without a lock: one ``get`` or item set at a time, a hint re-checked at every use, and
+replaced whole when full.
 The file operations themselves (temp file + rename, fsync of a file or a folder, copies that
 keep holes) are :mod:`~n5fs.kvstore.localio`; this module decides when each is due.
 """
