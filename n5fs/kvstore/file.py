@@ -187,14 +187,12 @@ class FileStore(KvStore):
         if real_root is None:
             path = self._existing(key)  # resolves the root once it exists
             return None if path is None else (path, None)
-        folder, _, name = self._key(key).rpartition("/")
-        base = self._checked_folder(real_root, folder) if folder else real_root
-        if base is None:
+        path = self._entry_path(real_root, key)
+        if path is None:
             return None
-        if base is _LINKED:
-            path = self._existing(key)
-            return None if path is None else (path, None)
-        path = f"{base}{os.sep}{name}"
+        if path is _LINKED:
+            linked = self._existing(key)
+            return None if linked is None else (linked, None)
         try:
             st = os.lstat(path)
         except OSError:
@@ -214,19 +212,27 @@ class FileStore(KvStore):
             real_root = self._real_root
             if real_root is None:
                 return not os.path.lexists(self._root)  # no root yet: no keys either
-        folder, _, name = self._key(key).rpartition("/")
-        base = self._checked_folder(real_root, folder) if folder else real_root
-        if base is None:
+        path = self._entry_path(real_root, key)
+        if path is None:
             return True
-        if base is _LINKED:
+        if path is _LINKED:
             return False
         try:
-            os.lstat(f"{base}{os.sep}{name}")
+            os.lstat(path)
         except FileNotFoundError:
             return True
         except OSError:
             return False
         return False
+
+    def _entry_path(self, real_root: str, key: str) -> str | None:
+        """Where ``key``'s entry would be, below its checked folder (:meth:`_checked_folder`;
+        the entry itself is not looked at); ``_LINKED`` or None as that folder is."""
+        folder, _, name = self._key(key).rpartition("/")
+        base = self._checked_folder(real_root, folder) if folder else real_root
+        if base is None or base is _LINKED:
+            return base
+        return f"{base}{os.sep}{name}"
 
     def _checked_folder(self, real_root: str, folder: str) -> str | None:
         """The path of ``folder`` (a key without a trailing ``/``) if every component is a
