@@ -70,6 +70,25 @@ def test_a_checked_folder_swapped_for_a_link_out_of_the_root_is_not_followed(
     assert info.size == len(b"new folder")
 
 
+def test_local_folder_only_without_a_link_on_the_way(store: FileStore, tmp_path: Path) -> None:
+    """Readers of many keys of a folder open it once (validate): only a folder inside the
+    root with no link on its path is given, the root for the top, None for a missing one."""
+    store.set("a/b/c", b"1")
+    (tmp_path / "outside").mkdir()
+    os.symlink(tmp_path / "outside", store.root / "out")
+    os.symlink(store.root / "a", store.root / "alias")
+    real_root = os.path.realpath(store.root)
+    assert store.local_folder("") == real_root
+    assert store.local_folder("a/b/") == os.path.join(real_root, "a", "b")
+    assert store.local_folder("a/b") == os.path.join(real_root, "a", "b")
+    for prefix in ("out/", "alias/b/", "nowhere/", "a/b/c/"):
+        assert store.local_folder(prefix) is None, prefix
+    (tmp_path / "outside" / "b").mkdir()
+    os.rename(store.root / "a", tmp_path / "moved")
+    os.symlink(tmp_path / "outside", store.root / "a")  # a/b, checked, now leads out
+    assert store.local_folder("a/b/") is None
+
+
 def test_nothing_at_is_sure_only_when_nothing_is_on_disk(store: FileStore, tmp_path: Path) -> None:
     store.set("a/b/c", b"1")
     (tmp_path / "outside").mkdir()

@@ -5,6 +5,7 @@ same order, however many workers did the work."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -174,6 +175,64 @@ def test_a_link_out_of_the_root_is_not_read_through(tmp_path: Path) -> None:
         checker.add(one_job("0.0", 40))
         checker.finish()
     assert [(f.key, f.message) for f in report.skipped] == [("0.0", "vanished while validating")]
+
+
+def test_a_link_inside_the_root_is_read_through_get(tmp_path: Path) -> None:
+    """Chunks are opened relative to their folder without following links; a chunk that is
+    a link, or a folder behind one, is asked of ``get``, which follows links inside the root."""
+    node = node_of(zarray())
+    good = node.encode_chunk((0, 0), np.zeros((SIDE, SIDE), dtype="<u2"))
+    store = FileStore(tmp_path)
+    store.set("data/real", good)
+    (tmp_path / "0.0").symlink_to(tmp_path / "data" / "real")
+    (tmp_path / "alias").symlink_to(tmp_path / "data")
+    checker, report = checker_over(store)
+    with checker:
+        checker.add(one_job("0.0", len(good)))
+        checker.add(ChunkJob(node, "alias/real", (0, 0), len(good)))
+        checker.finish()
+    assert report.ok, report.to_json()
+    assert report.chunks == 2
+
+
+def test_a_fifo_at_a_chunk_name_is_judged_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO planted where a chunk was listed must not block a worker (no writer ever
+    comes): it reads as empty and is reported invalid."""
+    os.mkfifo(tmp_path / "0.0")
+    store = FileStore(tmp_path)
+    checker, report = checker_over(store)
+    done = threading.Event()
+
+    def run() -> None:
+        with checker:
+            checker.add(one_job("0.0", 10))
+            checker.finish()
+        done.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert done.wait(30), "the check of a FIFO never ended"
+    assert [f.key for f in report.invalid] == ["0.0"]
+
+
+def test_chunks_are_opened_relative_to_their_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One resolution of a folder per batch, not a path walk (``lstat`` calls) per chunk."""
+    store = FileStore(tmp_path)
+    count = fill(store, "a/b/")
+    lstats: list[str] = []
+    real_lstat = os.lstat
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> Any:
+        lstats.append(str(path))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", counting)
+    report = validate_store(store, jobs=1)
+    assert report.ok
+    assert report.chunks == count
+    assert [p for p in lstats if os.path.basename(p)[:1].isdigit()] == []  # no chunk's
+    assert len([p for p in lstats if p.endswith(f"a{os.sep}b")]) < count // 10  # per batch
 
 
 def test_a_fault_on_one_key_skips_only_that_key_on_stores_without_local_files() -> None:

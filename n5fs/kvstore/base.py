@@ -281,6 +281,14 @@ class KvStore(abc.ABC):
         readable, as on a local filesystem), and treats a failed open as "ask :meth:`get`"."""
         return None
 
+    def local_folder(self, prefix: str) -> str | None:
+        """A directory on this machine whose entries are the keys directly below ``prefix``
+        (``""`` or ``"a/b/"``), no link on its path, for readers of many keys of one folder:
+        they open it once and each file relative to it (``openat`` with ``O_NOFOLLOW``), not
+        each path from the root. None where the store has none (the default), or where a link
+        is on the way (each key then goes to :meth:`local_path` or :meth:`get`)."""
+        return None
+
     # -- conditional writes (many mounts of one bucket) ---------------------------------------
 
     def get_versioned(self, key: str) -> Versioned | None:

@@ -173,6 +173,23 @@ class FileStore(KvStore):
         found = self._resolve(key)
         return None if found is None else found[0]
 
+    def local_folder(self, prefix: str) -> str | None:
+        """The directory of ``prefix`` when it is inside the root with no link on its path
+        (:meth:`_checked_folder`: one ``lstat`` once it was walked); None otherwise."""
+        prefix = dir_prefix(prefix)
+        real_root = self._resolved_root()
+        if real_root is None or not prefix:
+            return real_root
+        folder = self._checked_folder(real_root, prefix[:-1])
+        return None if folder is _LINKED else folder
+
+    def _resolved_root(self) -> str | None:
+        """The root's real path; None while the root does not exist (asked again next time)."""
+        if self._real_root is None:
+            with contextlib.suppress(AccessDenied):
+                self._check_inside(self._root, "")  # sets it once the root exists
+        return self._real_root
+
     def _resolve(self, key: str) -> tuple[str, os.stat_result | None] | None:
         """``key``'s path and, unless a link had to be followed, its ``lstat``; None as in
         :meth:`local_path`.
@@ -205,13 +222,9 @@ class FileStore(KvStore):
     def nothing_at(self, key: str) -> bool:
         """Nothing on disk at ``key``: a component of its folder is missing (or a file), or
         an ``lstat`` of it finds no entry. False where a link is on the way (unsure)."""
-        real_root = self._real_root
+        real_root = self._resolved_root()
         if real_root is None:
-            with contextlib.suppress(AccessDenied):
-                self._check_inside(self._root, "")  # resolves the root once it exists
-            real_root = self._real_root
-            if real_root is None:
-                return not os.path.lexists(self._root)  # no root yet: no keys either
+            return not os.path.lexists(self._root)  # no root yet: no keys either
         path = self._entry_path(real_root, key)
         if path is None:
             return True

@@ -117,6 +117,9 @@ class ForwardingStore(KvStore):
     def local_path(self, key: str) -> str | None:
         return self.inner.local_path(key)
 
+    def local_folder(self, prefix: str) -> str | None:
+        return self.inner.local_folder(prefix)
+
     def nothing_at(self, key: str) -> bool:
         return self.inner.nothing_at(key)
 
@@ -294,6 +297,10 @@ class FaultyStore(ForwardingStore):
 
     def local_path(self, key: str) -> str | None:
         """None: a reader of the local file would go around the faults ``get`` injects."""
+        return None
+
+    def local_folder(self, prefix: str) -> str | None:
+        """None, as :meth:`local_path`."""
         return None
 
     def set(self, key: str, value: bytes) -> None:

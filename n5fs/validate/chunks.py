@@ -11,11 +11,13 @@ machine with two cores both are busy, and on S3 the next listing page is in flig
 chunks are fetched. Batches start small and grow with the number of chunks seen, so a small
 array still spreads over every worker and a large one pays little per chunk.
 
-Why local reads: where the store keeps a key in a local file (:meth:`KvStore.local_path`),
-a chunk is read with one ``open``/``read``/``close`` of the size the listing gave, instead of
-``get``'s full path resolution and buffered file object (three times the cost of the read
-itself for small chunks). A path that cannot be opened is asked of ``get``, which decides,
-as before, whether the key is there.
+Why local reads: where the store keeps a folder on a local disk (:meth:`KvStore.local_folder`),
+a batch opens each of its folders once and reads every chunk relative to it, ``openat`` with
+``O_NOFOLLOW`` and one ``read`` of the size the listing gave, instead of ``get``'s full path
+resolution and buffered file object, or a path resolved per chunk (two ``lstat`` calls and a
+walk of the path by the kernel: half the time of checking a 16x16 zstd chunk). A chunk that
+cannot be opened so (a link, gone) is asked of ``get``, which decides, as before, whether the
+key is there and where a link may lead.
 
 Memory stays bounded: at most ``2 * jobs`` batches are submitted and not finished, each
 holding at most :data:`BATCH_BYTES` of chunk bytes (or one larger chunk) while it runs; the
@@ -31,6 +33,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from itertools import groupby
 from typing import TYPE_CHECKING
 
 from n5fs.errors import N5fsError, Rejected
@@ -55,7 +58,11 @@ BATCH_CHUNKS = 256
 SPREAD = 4
 #: bytes asked of each further ``read`` of a file that grew since it was listed
 _READ_MORE = 1 << 16
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+#: a chunk file: never through a link (``get`` checks where it leads), never blocking (a FIFO
+#: planted at a chunk's name reads as empty: judged, not waited on)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+#: a folder whose chunks are opened relative to it
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,16 +157,13 @@ class ChunkChecker:
         self.report.add_chunks(len(batch), nbytes, invalid, skipped, self.progress)
 
     def _fetch_batch(self, batch: list[ChunkJob]) -> dict[str, bytes | N5fsError]:
-        """Local files read directly; the other keys with one ``get_many``, and if that fails
-        (one key's fault fails them all), each key alone, so only the faulty key is skipped."""
+        """Local files read directly, folder by folder; the other keys with one ``get_many``,
+        and if that fails (one key's fault fails them all), each key alone, so only the
+        faulty key is skipped."""
         fetched: dict[str, bytes | N5fsError] = {}
         remote: list[str] = []
-        for job in batch:
-            data = self._read_local(job)
-            if data is None:
-                remote.append(job.key)
-            else:
-                fetched[job.key] = data
+        for folder, jobs in groupby(batch, _folder_of):
+            self._read_local(folder, list(jobs), fetched, remote)
         if not remote:
             return fetched
         try:
@@ -169,35 +173,66 @@ class ChunkChecker:
             fetched.update((key, self._get_alone(key)) for key in remote)
         return fetched
 
-    def _read_local(self, job: ChunkJob) -> bytes | None:
-        """The bytes of the chunk's local file; None when the store has none or it cannot be
-        read (``get`` decides then)."""
-        path = self.store.local_path(job.key)
-        if path is None:
-            return None
+    def _read_local(
+        self,
+        folder: str,
+        jobs: list[ChunkJob],
+        fetched: dict[str, bytes | N5fsError],
+        remote: list[str],
+    ) -> None:
+        """The chunks of ``folder`` that have a local file go to ``fetched``, the others (no
+        local folder, a link, a file that cannot be read) to ``remote``: ``get`` decides."""
+        path = self.store.local_folder(folder)
         try:
-            fd = os.open(path, _OPEN_FLAGS)
+            directory = -1 if path is None else os.open(path, _DIR_FLAGS)
         except OSError:
-            return None
+            directory = -1
+        if directory < 0:
+            remote.extend(job.key for job in jobs)
+            return
         try:
-            data = os.read(fd, job.size + 1)
-            if len(data) <= job.size:
-                return data  # a short read of a regular file is its end
-            parts = [data, more := os.read(fd, _READ_MORE)]  # it grew since it was listed
-            while more:
-                more = os.read(fd, _READ_MORE)
-                parts.append(more)
-            return b"".join(parts)
-        except OSError:
-            return None
+            start = len(folder)
+            for job in jobs:
+                data = _read_file(directory, job.key[start:], job.size)
+                if data is None:
+                    remote.append(job.key)
+                else:
+                    fetched[job.key] = data
         finally:
-            os.close(fd)
+            os.close(directory)
 
     def _get_alone(self, key: str) -> bytes | N5fsError:
         try:
             return _present(self.store.get(key))
         except N5fsError as exc:
             return exc
+
+
+def _folder_of(job: ChunkJob) -> str:
+    return job.key[: job.key.rfind("/") + 1]
+
+
+def _read_file(directory: int, name: str, size: int) -> bytes | None:
+    """File ``name`` of the open folder ``directory``, read with one ``read`` of its listed
+    ``size`` (plus one byte, to see that it did not grow since). None for a link (``get``
+    decides where it leads), a missing file, or one that cannot be read."""
+    try:
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=directory)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, size + 1)
+        if len(data) <= size:
+            return data  # a short read of a regular file is its end
+        parts = [data, more := os.read(fd, _READ_MORE)]  # it grew since it was listed
+        while more:
+            more = os.read(fd, _READ_MORE)
+            parts.append(more)
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _present(data: bytes | None) -> bytes | N5fsError:
