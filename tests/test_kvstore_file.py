@@ -70,6 +70,41 @@ def test_a_checked_folder_swapped_for_a_link_out_of_the_root_is_not_followed(
     assert info.size == len(b"new folder")
 
 
+def test_writes_below_a_checked_folder_skip_the_full_check_but_never_leave_the_root(
+    store: FileStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A set below a checked folder costs two ``lstat`` calls, no ``realpath``; a folder
+    swapped for a link out of the root, or a link at the key, still meets the full check."""
+    store.set("a/b/c", b"1")
+    assert store.stat("a/b/c") is not None  # "a/b" is now a checked folder
+    real_realpath = os.path.realpath
+    resolved: list[str] = []
+
+    def counting(path: str, *args: object, **kwargs: object) -> str:
+        resolved.append(path)
+        return real_realpath(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os.path, "realpath", counting)
+    store.set("a/b/d", b"2")
+    store.set("a/b/c", b"3")
+    assert resolved == []
+    assert store.get("a/b/d") == b"2"
+    assert store.get("a/b/c") == b"3"
+
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    os.symlink(outside / "b" / "e", store.root / "a" / "b" / "link")
+    with pytest.raises(AccessDenied):
+        store.set("a/b/link", b"through a link at the key")
+    assert not (outside / "b" / "e").exists()
+    os.rename(store.root / "a", tmp_path / "moved")
+    os.symlink(outside, store.root / "a")  # the checked a/b now leads out of the root
+    with pytest.raises(AccessDenied):
+        store.set("a/b/c", b"through a swapped folder")
+    assert list((outside / "b").iterdir()) == []
+    assert resolved  # both refusals took the full check
+
+
 def test_local_folder_only_without_a_link_on_the_way(store: FileStore, tmp_path: Path) -> None:
     """Readers of many keys of a folder open it once (validate): only a folder inside the
     root with no link on its path is given, the root for the top, None for a missing one."""

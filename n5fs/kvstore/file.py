@@ -351,6 +351,23 @@ class FileStore(KvStore):
     # -- commands ------------------------------------------------------------------------------
 
     def _prepare(self, key: str) -> str:
+        """Where ``key``'s new file goes, its folder made. Below a checked folder (no link on
+        its path, :meth:`_checked_folder`) with no folder or link at the key itself, that is
+        two ``lstat`` calls: a commit of a small chunk paid as much for a ``realpath`` and a
+        ``makedirs`` as for writing its bytes. Anything else takes the full check."""
+        real_root = self._real_root
+        if real_root is not None and self.writable:
+            path = self._entry_path(real_root, key)
+            if path is not None and path is not _LINKED:
+                try:
+                    st = os.lstat(path)
+                except FileNotFoundError:
+                    return path
+                except OSError:
+                    pass
+                else:
+                    if stat_mod.S_ISREG(st.st_mode):
+                        return path
         path = self._path(key)
         self._check_writable(key)
         try:
