@@ -57,6 +57,29 @@ serve(Gateway(store), sys.argv[2], options)
 """
 
 
+#: mfusepy's own create asks inspect.signature of the operation at every call; n5fs's glue
+#: must not (it cost a tenth of the daemon's time in a cp -r of small chunks)
+SERVE_NO_SIGNATURE = """
+import sys
+import mfusepy
+from n5fs.fuse_front._lib import LIBFUSE_VERSION
+from n5fs.fuse_front.mount import serve
+from n5fs.fuse_front.options import MountOptions, fuse_options
+from n5fs.gateway import Gateway
+from n5fs.kvstore.file import FileStore
+
+class NoSignature:
+    @staticmethod
+    def signature(*args, **kwargs):
+        raise AssertionError("inspect.signature asked on the hot path")
+
+mfusepy.inspect = NoSignature
+options = fuse_options(MountOptions(), read_only=False, ttl=5.0, fsname="nosig",
+                       libfuse_major=LIBFUSE_VERSION[0])
+serve(Gateway(FileStore(sys.argv[1])), sys.argv[2], options)
+"""
+
+
 @pytest.fixture
 def backing(tmp_path) -> Path:
     store = tmp_path / "store"
@@ -240,6 +263,21 @@ def test_store_fault_is_eio_and_the_daemon_lives(mounter, backing):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     assert mount_entry(str(mp)) is None
+
+
+def test_create_takes_the_open_flags_without_inspecting_the_operation(mounter, backing):
+    mp, _ = mounter.script(SERVE_NO_SIGNATURE, str(backing))
+    target = mp / "plain" / "new.txt"
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"created")
+    finally:
+        os.close(fd)
+    assert target.read_bytes() == b"created"
+    assert (backing / "plain" / "new.txt").read_bytes() == b"created"
+    assert errno_of_call(lambda: os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL)) == (
+        errno.EEXIST
+    )
 
 
 # == the daemon ====================================================================================
