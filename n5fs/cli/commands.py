@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from n5fs.cli.progress import ProgressBar
 from n5fs.detect import Detector, Folder, FolderKind, Source, node_spec, open_source
+from n5fs.malloc import reuse_large_buffers
 from n5fs.validate import Validator
 from n5fs.views import VIEW_FORMATS
 
@@ -291,6 +292,7 @@ def run_validate(args: argparse.Namespace) -> int:
     if _refuse_missing("validate", text):
         return EXIT_CANNOT_RUN
     source = open_cli_source(text, read_only=True)
+    reuse_large_buffers()  # a batch job: decoded chunk buffers come from the heap (n5fs.malloc)
     with source.store:
         validator = Validator(source.store, jobs=args.jobs)
         progress = validator.progress

@@ -30,7 +30,7 @@ them, in as many arenas as threads, so the heaps fragment: measured on S3 (moto,
 --cache-size 256M``, a sequential then a 4-thread read of 0.9 GiB of N5 chunks, 129 raw of 4
 MiB and 129 gzip of ~3.2 MiB), the daemon's peak RSS was 428-446 MiB, 90-110 over its start
 (83) plus the budget, and stayed there after the reads (``MALLOC_ARENA_MAX=1``: 397-401, still
-60 over). With the threshold fixed at 2 MiB (:func:`map_large_buffers`, done once per process
+60 over). With the threshold fixed at 2 MiB (:func:`~n5fs.malloc.map_large_buffers`, done once per process
 when a reader is built) the peak is 342-344 MiB and RSS after the reads is start + budget (1
 MiB gave the same). The price: a buffer of 2 MiB or more is a fresh mapping, its pages faulted
 in and zeroed by the kernel instead of reused from a heap (~2.5 ms of CPU per 4 MiB). Buffers
@@ -48,11 +48,8 @@ its bytes after it (:class:`~n5fs.gateway.cache.ByteLRU` tickets). Counters are 
 
 from __future__ import annotations
 
-import ctypes
 import enum
-import functools
 import os
-import platform
 import stat
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -61,6 +58,7 @@ from n5fs.errors import KeyNotFound
 from n5fs.gateway.cache import ByteLRU, Counters, Stamp, Version
 from n5fs.gateway.prefetch import Flights, Prefetcher
 from n5fs.kvstore.base import ByteRange
+from n5fs.malloc import map_large_buffers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -77,28 +75,6 @@ READ_WORKERS = 4
 #: objects of a folder fetched ahead of a reader that follows its listing order
 AHEAD_OBJECTS = 4
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-#: malloc requests at least this large get a mapping of their own, unmapped at free
-MMAP_THRESHOLD = 2 << 20
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
-
-
-@functools.cache
-def map_large_buffers() -> bool:
-    """Fix glibc malloc's mmap threshold at :data:`MMAP_THRESHOLD` for this process (module
-    docstring, "Memory"), unless the user set one; True when this call set it. Idempotent;
-    elsewhere than glibc, nothing to do."""
-    if platform.libc_ver()[0] != "glibc":
-        return False
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    if "glibc.malloc.mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""):
-        return False
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is None:
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 class PageCache(enum.Enum):
