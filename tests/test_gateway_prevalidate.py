@@ -224,6 +224,38 @@ def test_streaming_check_of_a_whole_chunk_accepts_only_what_the_full_check_accep
     assert not passes(array, outside, next(iter(chunks(source, name).values())))
 
 
+@pytest.mark.parametrize("name", sorted(HANDLED))
+def test_a_header_split_across_pieces_is_read_whole(source: Path, name: str) -> None:
+    """The block header may arrive in pieces of any size (the parser keeps only its bytes,
+    and hands the rest of a piece to the decoder as it is): the verdict does not change."""
+    array = node(source, name)
+    key, data = next(iter(chunks(source, name).items()))
+    position = tuple(int(p) for p in key.split("/")[1:])
+    size = decode_header(data).size
+    for cut in [*range(1, size + 2), 64 << 10]:
+        for step in (1, 3, cut):
+            parser = streamcheck.parser_for(array, position)
+            assert parser is not None
+            view = memoryview(data)
+            end = min(cut, len(data))
+            pieces = [view[i : min(i + step, end)] for i in range(0, end, step)]
+            for piece in [*pieces, view[cut:]]:
+                if len(piece):
+                    parser.feed(piece)
+            assert parser.complete(), (cut, step)
+    wrong = bytearray(data)
+    wrong[4:8] = (int.from_bytes(wrong[4:8], "big") + 1).to_bytes(4, "big")  # a dimension
+    parser = streamcheck.parser_for(array, position)
+    assert parser is not None
+
+    def byte_by_byte() -> None:
+        for i in range(len(wrong)):
+            parser.feed(memoryview(wrong)[i : i + 1])
+
+    with pytest.raises(streamcheck.Unsure):
+        byte_by_byte()
+
+
 @pytest.mark.parametrize("name", ["gzip", "raw", "xz"])
 def test_out_of_order_writes_and_truncates_fall_back_to_the_full_check(
     source: Path, name: str
