@@ -19,24 +19,25 @@ What the kernel keeps of a file's pages at open (:class:`PageCache`) is decided 
 the file's stamp at open and the one remembered from its previous open
 (:class:`~n5fs.gateway.cache.OpenedStamps`).
 
-Memory: the byte cache's budget (``cache_bytes``) counts the whole objects being fetched as
-well as those cached (:class:`~n5fs.gateway.cache.ByteLRU` reservations). For that budget to be
-the process's memory, a freed object buffer must go back to the system: glibc's malloc serves a
+Memory: the byte cache's budget (``cache_bytes``) counts the whole objects being fetched as well
+as those cached (:class:`~n5fs.gateway.cache.ByteLRU` reservations). For that budget to be the
+process's memory, a freed object buffer must go back to the system: glibc's malloc serves a
 request of at least its *mmap threshold* with a mapping of its own (unmapped at free), but
 raises that threshold to the size of every such buffer freed (up to 32 MiB), after which 4 MiB
 chunk buffers come from the heaps of the threads' arenas, where a freed one stays resident
 unless it sits at a heap's top. Cached buffers live long and transient ones come and go between
 them, in as many arenas as threads, so the heaps fragment: measured on S3 (moto, ``-o ro
---cache-size 256M``, a sequential then a 4-thread read of 0.9 GiB of N5 chunks, 129 raw of 4
-MiB and 129 gzip of ~3.2 MiB), the daemon's peak RSS was 428-446 MiB, 90-110 over its start
-(83) plus the budget, and stayed there after the reads (``MALLOC_ARENA_MAX=1``: 397-401, still
-60 over). With the threshold fixed at 2 MiB (:func:`~n5fs.malloc.map_large_buffers`, done once per process
-when a reader is built) the peak is 342-344 MiB and RSS after the reads is start + budget (1
-MiB gave the same). The price: a buffer of 2 MiB or more is a fresh mapping, its pages faulted
-in and zeroed by the kernel instead of reused from a heap (~2.5 ms of CPU per 4 MiB). Buffers
-below it stay on the heap: the kernel's 128 KiB reads, and the 1 MiB pieces a writer hands
-over, which staging keeps by reference (at 1 MiB each of those was a mapping of its own, and
-a ``cp -r`` of raw 4 MiB chunks cost the daemon ~15 % more). A user's own ``MALLOC_MMAP_THRESHOLD_`` or
+--cache-size 256M``, a sequential then a 4-thread read of 0.9 GiB of N5 chunks, 129 raw of 4 MiB
+and 129 gzip of ~3.2 MiB), the daemon's peak RSS was 428-446 MiB, 90-110 over its start (83)
+plus the budget, and stayed there after the reads (``MALLOC_ARENA_MAX=1``: 397-401, still 60
+over). With the threshold fixed at 2 MiB (:func:`~n5fs.malloc.map_large_buffers`, done once per
+process when a reader is built) the peak is 342-344 MiB and RSS after the reads is start +
+budget (1 MiB gave the same). The price: a buffer of 2 MiB or more is a fresh mapping, its pages
+faulted in and zeroed by the kernel instead of reused from a heap (~2.5 ms of CPU per 4 MiB; the
+full check of a 4 MiB zstd block at commit pays it too: 8.9 ms against 5.4 on a heap). Buffers
+below it stay on the heap: the kernel's 128 KiB reads, and the 1 MiB pieces a writer hands over,
+which staging keeps by reference (at 1 MiB each of those was a mapping of its own, and a ``cp
+-r`` of raw 4 MiB chunks cost the daemon ~15 % more). A user's own ``MALLOC_MMAP_THRESHOLD_`` or
 ``glibc.malloc.mmap_threshold`` tunable wins.
 
 Concurrency: a handle's read-ahead state is one immutable :class:`ReadWindow`; ``read`` takes
