@@ -105,6 +105,37 @@ def test_writes_below_a_checked_folder_skip_the_full_check_but_never_leave_the_r
     assert resolved  # both refusals took the full check
 
 
+def test_listings_of_checked_folders_never_leave_the_root(
+    store: FileStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder listed before is recognised by its inode (no ``realpath`` per listing); a
+    link inside it is listed as what it leads to inside the root, one leading out is not
+    listed, and the folder swapped for a link out of the root lists nothing."""
+    store.set("a/b/c", b"123")
+    store.set("t/target", b"12345")
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "b" / "secret").write_bytes(b"secret")
+    os.symlink(store.root / "t" / "target", store.root / "a" / "b" / "inside")
+    os.symlink(outside / "b" / "secret", store.root / "a" / "b" / "out")
+    assert store.stat("a/b/c") is not None  # "a/b" is now a checked folder
+    real_realpath = os.path.realpath
+    resolved: list[str] = []
+
+    def counting(path: str, *args: object, **kwargs: object) -> str:
+        resolved.append(path)
+        return real_realpath(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os.path, "realpath", counting)
+    listing = store.list("a/b/")
+    assert [(k.key, k.size) for k in listing.keys] == [("a/b/c", 3), ("a/b/inside", 5)]
+    assert [p for p in resolved if not p.endswith(("inside", "out"))] == []  # links only
+    os.rename(store.root / "a", tmp_path / "moved")
+    os.symlink(outside, store.root / "a")  # the checked a/b now leads out of the root
+    assert store.list("a/b/").keys == ()
+    assert store.list("a/").prefixes == ()
+
+
 def test_local_folder_only_without_a_link_on_the_way(store: FileStore, tmp_path: Path) -> None:
     """Readers of many keys of a folder open it once (validate): only a folder inside the
     root with no link on its path is given, the root for the top, None for a missing one."""

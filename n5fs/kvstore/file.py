@@ -81,6 +81,8 @@ MAX_UNSYNCED = 4096
 MAX_CHECKED_FOLDERS = 4096
 #: :meth:`FileStore._checked_folder`: a component of the folder is a link
 _LINKED = "\0linked"
+#: a folder opened to be listed (its entries stat-ed relative to it)
+_DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class Durability(str, enum.Enum):
@@ -306,17 +308,69 @@ class FileStore(KvStore):
         return group_listing(self._walk_from(base, start), prefix, delimiter)
 
     def _list_dir(self, base: str, start: str) -> Listing:
+        """One folder: a ``scandir`` of its descriptor and an ``fstatat`` relative to it per
+        entry (no walk of the path from the root for each), in one loop. A folder checked
+        before (:meth:`_checked_folder`) costs one ``lstat``, not a ``realpath``. Every
+        ``find``, ``ls -l`` and miss of a folder not yet listed passes here."""
+        directory = self._listed_folder(base)
+        if directory is None:
+            return Listing()
+        try:
+            fd = os.open(directory, _DIR_OPEN)
+        except (FileNotFoundError, NotADirectoryError):
+            return Listing()
         keys: list[KeyInfo] = []
         prefixes: list[str] = []
-        for entry, st in self._scan(base):
-            if not entry.name.startswith(start):
-                continue
-            if stat_mod.S_ISDIR(st.st_mode):
-                prefixes.append(f"{base}{entry.name}/")
-            elif stat_mod.S_ISREG(st.st_mode):
-                keys.append(KeyInfo(base + entry.name, st.st_size, st.st_mtime))
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if not name.startswith(start) or is_partial(name):
+                        continue
+                    if entry.is_symlink():
+                        st = self._linked_stat(f"{directory}{os.sep}{name}", base + name)
+                        if st is None:
+                            continue
+                    else:
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue  # renamed or removed since the scan (another commit)
+                    if stat_mod.S_ISDIR(st.st_mode):
+                        prefixes.append(f"{base}{name}/")
+                    elif stat_mod.S_ISREG(st.st_mode):
+                        keys.append(KeyInfo(base + name, st.st_size, st.st_mtime))
+        finally:
+            os.close(fd)
         keys.sort(key=_BY_KEY)
-        return Listing(tuple(keys), tuple(sorted(prefixes)))
+        prefixes.sort()
+        return Listing(tuple(keys), tuple(prefixes))
+
+    def _listed_folder(self, base: str) -> str | None:
+        """The path of folder ``base`` (``""`` or ``"a/b/"``) to list; None when a link on
+        its path leads out of the root."""
+        if not base:
+            return self._root
+        real_root = self._real_root
+        if real_root is not None:
+            checked = self._checked_folder(real_root, base[:-1])
+            if checked is not _LINKED:
+                return checked  # (None: a component is missing or a file: nothing to list)
+        directory = os.path.join(self._root, base)
+        try:
+            self._check_inside(directory, base)
+        except AccessDenied:
+            return None
+        return directory
+
+    def _linked_stat(self, path: str, key: str) -> os.stat_result | None:
+        """What the link at ``path`` leads to; None when it dangles or leads out of the root
+        (then it is not part of the store)."""
+        try:
+            self._check_inside(path, key)
+            return os.stat(path)
+        except (OSError, AccessDenied):
+            return None
 
     def _scan(self, base: str) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]:
         directory = os.path.join(self._root, base)
@@ -331,11 +385,9 @@ class FileStore(KvStore):
             if is_partial(entry.name):
                 continue
             if entry.is_symlink():
-                try:
-                    self._check_inside(entry.path, base + entry.name)
-                    st = os.stat(entry.path)
-                except (OSError, AccessDenied):
-                    continue  # dangling, or leads out of the root: not part of the store
+                st = self._linked_stat(entry.path, base + entry.name)
+                if st is None:
+                    continue
             else:
                 try:
                     st = entry.stat(follow_symlinks=False)
