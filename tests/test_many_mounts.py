@@ -151,6 +151,44 @@ def test_a_write_between_read_and_put_is_caught(pool: ThreadPoolExecutor) -> Non
     assert doc(store, "arr/.zarray")["shape"] == [64]
 
 
+def test_the_same_document_landing_between_read_and_put_is_no_conflict(
+    pool: ThreadPoolExecutor,
+) -> None:
+    """zarr-python's ``create_array`` on every node writes the root group's ``.zattrs`` if it
+    is absent: node B read "absent", node A creates the same bytes, then B's create-only
+    write loses. What B wanted is what the store holds: no conflict (it was EAGAIN, and a
+    three-node ``create_array`` run failed under load)."""
+    store = MemoryStore()
+    hooked = HookedStore(store)
+    a, b = node(store), node(hooked)
+    gate = hooked.gate("set", lambda key: key == ".zattrs", after=False)
+    create = pool.submit(b.write_file, "/.zattrs", b"{}")
+    gate.wait_reached()  # B read the key absent and validated, about to write
+    a.write_file("/.zattrs", b"{}")
+    version = store.get_versioned(".zattrs")
+    gate.release()
+    result(create)
+    assert store.get_versioned(".zattrs") == version  # A's write stands, written once
+    assert b.rejections == []
+    assert b.read_file("/.zattrs") == b"{}"
+
+
+def test_other_bytes_landing_between_read_and_put_stay_a_conflict(
+    pool: ThreadPoolExecutor,
+) -> None:
+    store = MemoryStore()
+    hooked = HookedStore(store)
+    a, b = node(store), node(hooked)
+    gate = hooked.gate("set", lambda key: key == ".zattrs", after=False)
+    create = pool.submit(b.write_file, "/.zattrs", b'{"b": 1}')
+    gate.wait_reached()
+    a.write_file("/.zattrs", b'{"a": 1}')
+    gate.release()
+    with pytest.raises(StaleVersion, match="now written again"):
+        result(create)
+    assert doc(store, ".zattrs") == {"a": 1}
+
+
 def test_rename_onto_metadata_compares_with_the_version_seen() -> None:
     """TensorStore and zarr-python write a temp file and rename it onto the document."""
     store = MemoryStore()

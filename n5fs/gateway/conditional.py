@@ -18,7 +18,8 @@ commit is a compare-and-swap against the version this mount *read*:
   refused with :class:`~n5fs.errors.StaleVersion` (EAGAIN): nothing stored, the mount's cached
   entry dropped, so reading the file again and retrying succeeds. The one exception: new
   bytes equal to the current ones are no conflict (two nodes creating the same array with the
-  same metadata both succeed; only one write happens);
+  same metadata both succeed; only one write happens), also when the other's write lands
+  between this commit's read and its write;
 - consolidated documents are merged, not refused (:mod:`n5fs.gateway.consolidated`): a lost
   race re-reads the latest document and merges again, with bounded jittered retries.
 
@@ -121,6 +122,12 @@ class Conditional:
         try:
             new = self.store.set_if(key, data, version=version)
         except VersionConflict:
+            # Lost the race between the read and the write. Another writer storing these
+            # very bytes is no conflict, as in :meth:`unchanged` (every node's zarr-python
+            # writes the root's ``{}`` attributes where it saw none)
+            now = self.store.get_versioned(key)
+            if now is not None and now.data == data:
+                return now.version
             raise self._stale(key, ABSENT if version is None else version, None) from None
         self.counters.add("conditional_commits")
         return new
