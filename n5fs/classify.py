@@ -32,7 +32,7 @@ from n5fs.detect import Detector, Folder, FolderKind
 from n5fs.errors import DetectionFailed, Rejected
 from n5fs.formats.base import ArrayNode, Format, KeyKind, Node, chunk_like
 from n5fs.formats.registry import FORMATS, METADATA_NAMES
-from n5fs.kvstore.keys import basename, dir_prefix, parent
+from n5fs.kvstore.keys import basename, folder_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -114,7 +114,7 @@ class Classifier:
     def metadata_format(self, key: str, load: Callable[[], bytes]) -> Format | None:
         """The format whose metadata ``key`` is, or None for an ordinary file."""
         name = basename(key)
-        context = self.context(dir_prefix(parent(key)))
+        context = self.context(folder_of(key))
         claimants = [fmt for fmt in FORMATS if fmt.claims(name, context, load)]
         refined = {fmt.refines for fmt in claimants if fmt.refines}
         claimants = [fmt for fmt in claimants if fmt.name not in refined]
@@ -130,7 +130,7 @@ class Classifier:
         node yet (so it gave no context). Judge it as the folder will be once it lands, as
         detection then will. A folder that already is a node gave its format as context."""
         refining = [other for other in FORMATS if other.refines == fmt.name]
-        prefix = dir_prefix(parent(key))
+        prefix = folder_of(key)
         folder, _ = self._folder(prefix)
         if not refining or (folder is not None and folder.fmt):
             return None
@@ -146,7 +146,7 @@ class Classifier:
                 return folder.fmt
             if not prefix:
                 return None
-            prefix = dir_prefix(parent(prefix.rstrip("/")))
+            prefix = folder_of(prefix.rstrip("/"))
 
     def _folder(self, prefix: str) -> tuple[Folder | None, Exception | None]:
         try:
@@ -174,7 +174,7 @@ class Classifier:
         names: list[str] = []
         while prefix:
             names.append(basename(prefix.rstrip("/")))
-            prefix = dir_prefix(parent(prefix.rstrip("/")))
+            prefix = folder_of(prefix.rstrip("/"))
             folder, _ = self._folder(prefix)
             if folder is not None and folder.fmt == fmt.name and folder.node is not None:
                 break

@@ -21,7 +21,7 @@ from n5fs.errors import DetectionFailed, InvalidSource, Rejected
 from n5fs.formats.base import ArrayNode, Format, GroupNode, Node, chunk_like
 from n5fs.formats.registry import FORMATS, METADATA_NAMES, PROBE_NAMES, get_format
 from n5fs.kvstore.base import ByteRange, KvStore
-from n5fs.kvstore.keys import basename, dir_prefix, parent, split_path
+from n5fs.kvstore.keys import basename, dir_prefix, folder_of, parent, split_path
 from n5fs.kvstore.registry import open_spec
 from n5fs.kvstore.spec import StoreSpec, ZipSpec, parse_spec
 
@@ -216,7 +216,7 @@ class Detector:
         """
         if basename(key) not in METADATA_NAMES:
             return 0
-        folder = dir_prefix(parent(key))
+        folder = folder_of(key)
         return self._cache.invalidate_prefix(folder)
 
     def plain_above(self, key: str) -> list[str]:

@@ -26,7 +26,7 @@ from n5fs.errors import Rejected
 from n5fs.formats.base import ArrayNode, Format, GroupNode, KeyKind, Node
 from n5fs.gateway.pool import OrderedPool
 from n5fs.gateway.streamcheck import passes
-from n5fs.kvstore.keys import basename, dir_prefix, parent
+from n5fs.kvstore.keys import basename, folder_of
 
 if TYPE_CHECKING:
     from n5fs.gateway.prevalidate import Precheck
@@ -176,7 +176,7 @@ class CommitRules:
     def _check_context(
         self, fmt: Format, key: str, data: bytes, node: Node, stored: bytes | Unread | None
     ) -> None:
-        name, folder = basename(key), dir_prefix(parent(key))
+        name, folder = basename(key), folder_of(key)
         probes = self.detector.probe(folder)  # the stored value of a node's document too
         if isinstance(stored, Unread):
             stored = probes.get(name)

@@ -32,7 +32,7 @@ from n5fs.gateway.commit import Mode
 from n5fs.gateway.committer import is_metadata
 from n5fs.gateway.links import add_link, remove_link
 from n5fs.gateway.namespace import Attr, EntryKind
-from n5fs.kvstore.keys import basename, dir_prefix, folders_above, parent
+from n5fs.kvstore.keys import basename, folder_of, folders_above
 
 if TYPE_CHECKING:
     from n5fs.detect import Detector
@@ -167,7 +167,7 @@ class Renamer:
         self.store.delete_many([old for old, _ in data])
 
     def _validate_moves(self, dst: str, moves: list[tuple[str, str]]) -> None:
-        destination = self.detector.folder(dir_prefix(parent(dst)))
+        destination = self.detector.folder(folder_of(dst))
         if destination.array is None and destination.array_prefix is None:
             return
         for old_key, new_key in moves:  # moving into an array: every file is a chunk there
@@ -196,7 +196,7 @@ class Renamer:
     def symlink(self, target: str, key: str) -> None:
         """Inside a group whose format has links (hdmf-zarr), a symlink becomes a link entry
         of the group's metadata; a refused one is recorded like any refused commit."""
-        prefix = dir_prefix(parent(key))
+        prefix = folder_of(key)
         with self.committer.order.for_folder(prefix):
             try:
                 attrs_key, data = add_link(self.detector.folder(prefix), basename(key), target)
@@ -209,7 +209,7 @@ class Renamer:
         self.committer.changed([key])
 
     def remove_link(self, key: str) -> None:
-        prefix = dir_prefix(parent(key))
+        prefix = folder_of(key)
         with self.committer.order.for_folder(prefix):
             attrs_key, data = remove_link(self.detector.folder(prefix), basename(key))
             self.committer.store_bytes(attrs_key, data, self.committer.base_of(attrs_key))

@@ -50,7 +50,7 @@ from n5fs.gateway.namespace import (
 )
 from n5fs.gateway.walks import ArrayWalks
 from n5fs.kvstore.base import KeyInfo
-from n5fs.kvstore.keys import basename, dir_prefix, parent
+from n5fs.kvstore.keys import basename, dir_prefix, folder_of, parent
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -115,10 +115,11 @@ class NamespaceView:
         holds no key)? Only cached listings are asked: never a LIST."""
         child = prefix.rstrip("/")
         while child:
-            known = self.listings.get(dir_prefix(parent(child)))
+            head, _, name = child.rpartition("/")
+            known = self.listings.get(head + "/" if head else "")
             if known is not None:
-                return basename(child) not in known.dirs
-            child = parent(child)
+                return name not in known.dirs
+            child = head
         return False
 
     def _walked(self, prefix: str) -> bool:
@@ -144,7 +145,7 @@ class NamespaceView:
         by itself, and its chunk folders are walked at their first miss."""
         child = prefix.rstrip("/")
         while child:
-            known = self.listings.get(dir_prefix(parent(child)))
+            known = self.listings.get(folder_of(child))
             if known is None or any(name in known.files for name in PROBE_NAMES):
                 return True
             child = parent(child)
@@ -157,7 +158,7 @@ class NamespaceView:
 
     def info(self, key: str) -> KeyInfo | None:
         """The stored object's size and mtime, as the folder's listing says."""
-        return self.entries(dir_prefix(parent(key))).files.get(basename(key))
+        return self.entries(folder_of(key)).files.get(basename(key))
 
     def exists(self, key: str) -> bool:
         return self.info(key) is not None
@@ -181,7 +182,7 @@ class NamespaceView:
                 return attr
         if self.is_vdir(key):
             return Attr(EntryKind.DIR, writable=self.writable)
-        folder, name = dir_prefix(parent(key)), basename(key)
+        folder, name = folder_of(key), basename(key)
         listed = True
         if self.store.cheap_stat and not self.listings.answers(folder) and not self._absent(folder):
             # a local disk: the file alone, not a scandir and a stat of all its neighbours
@@ -254,7 +255,7 @@ class NamespaceView:
             return {}  # a broken folder has no links to show
 
     def readlink(self, key: str) -> str:
-        target = self.links(dir_prefix(parent(key))).get(basename(key))
+        target = self.links(folder_of(key)).get(basename(key))
         if target is None:
             raise KeyNotFound(f"not a symlink: /{key}")
         return target
@@ -274,12 +275,12 @@ class NamespaceView:
         folder above (each holds a directory now). Returns the info the listing shows."""
         info = KeyInfo(key, size, time.time() if mtime is None else mtime, etag)
         name = basename(key)
-        self.listings.replace(dir_prefix(parent(key)), lambda e: e.with_file(name, info))
+        self.listings.replace(folder_of(key), lambda e: e.with_file(name, info))
         child = parent(key)
         while child:
             with self._vlock:
                 self._vdirs.discard(child)
-            folder, sub = dir_prefix(parent(child)), basename(child)
+            folder, sub = folder_of(child), basename(child)
             known = self.listings.get(folder)
             if known is not None and sub in known.dirs:
                 break  # known, so every folder above knows its way here too
@@ -289,7 +290,7 @@ class NamespaceView:
 
     def forget(self, key: str) -> None:
         """Another writer changed ``key``: its folder is listed again at the next question."""
-        self.listings.invalidate(dir_prefix(parent(key)))
+        self.listings.invalidate(folder_of(key))
 
     def note_delete(self, key: str) -> None:
         name = basename(key)
@@ -302,7 +303,7 @@ class NamespaceView:
     def note_mkdir(self, key: str) -> None:
         if self.store.make_prefix(key):
             name = basename(key)
-            self.listings.replace(dir_prefix(parent(key)), lambda e: e.with_dir(name))
+            self.listings.replace(folder_of(key), lambda e: e.with_dir(name))
         else:
             with self._vlock:
                 self._vdirs.add(key)
@@ -312,7 +313,7 @@ class NamespaceView:
             self._vdirs.discard(key)
         self.store.remove_prefix(key)
         name = basename(key)
-        self.listings.replace(dir_prefix(parent(key)), lambda e: e.without_dir(name))
+        self.listings.replace(folder_of(key), lambda e: e.without_dir(name))
         self.listings.invalidate(dir_prefix(key))
 
     def note_moved_dir(self, src: str, dst: str, *, empty: bool) -> None:
