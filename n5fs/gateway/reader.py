@@ -75,7 +75,8 @@ _PARTS = 4
 READ_WORKERS = 4
 #: objects of a folder fetched ahead of a reader that follows its listing order
 AHEAD_OBJECTS = 4
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 class PageCache(enum.Enum):
@@ -175,14 +176,22 @@ class ObjectReader:
 
     def open_local(self, key: str) -> LocalFile | None:
         """A descriptor of ``key``'s local file, None where the store has none (or it is gone:
-        the reader then asks the store, which says what is true now)."""
-        path = self.store.local_path(key)
-        if path is None:
-            return None
-        try:
-            fd = os.open(path, _OPEN_FLAGS)
-        except OSError:
-            return None
+        the reader then asks the store, which says what is true now).
+
+        The file is opened below its checked folder with ``O_NOFOLLOW`` (one ``lstat`` of the
+        folder, no ``lstat`` of the file first: every read-only open passes here); a link at
+        the name, or on the folder's path, goes to :meth:`KvStore.local_path`, which follows
+        it while it stays inside the root. ``O_NONBLOCK``: a FIFO planted at a chunk's name
+        is refused by the ``fstat`` below instead of blocking a FUSE thread in ``open``."""
+        fd = self._open_below_folder(key)
+        if fd is None:
+            path = self.store.local_path(key)
+            if path is None:
+                return None
+            try:
+                fd = os.open(path, _OPEN_FLAGS)
+            except OSError:
+                return None
         try:
             st = os.fstat(fd)
         except OSError:
@@ -193,6 +202,19 @@ class ObjectReader:
             return None
         self.counters.add("store_reads")
         return LocalFile(fd, (st.st_ino, st.st_size, st.st_mtime_ns), st.st_size)
+
+    def _open_below_folder(self, key: str) -> int | None:
+        """``key`` opened relative to its checked folder without following a link at its
+        name; None where that cannot say (no local folder, a link, a miss: the caller asks
+        :meth:`KvStore.local_path`, which answers a miss with None too)."""
+        head, _, name = key.rpartition("/")
+        folder = self.store.local_folder(head + "/" if head else "")
+        if folder is None:
+            return None
+        try:
+            return os.open(f"{folder}{os.sep}{name}", _OPEN_FLAGS | _NO_FOLLOW)
+        except OSError:
+            return None
 
     def read_local(self, local: LocalFile, size: int, offset: int) -> bytes:
         data = os.pread(local.fd, size, offset)
