@@ -137,6 +137,8 @@ def _libfuse_version() -> tuple[int, int]:
 LIBFUSE_VERSION: tuple[int, int] = _libfuse_version()
 
 FUSE_READDIR_PLUS = 1  # libfuse 3 readdir flag: the kernel asked for attributes too
+#: ``fuse_conn_info.capable``: an open answered ENOSYS means "opened; send no more opens"
+FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17
 FUSE_FILL_DIR_PLUS = 2  # filler flag: this entry carries full attributes
 _DOT_MODE = 0o040755  # ``.`` and ``..``: a folder (the kernel reads the type alone)
 RENAME_NOREPLACE = 1

@@ -307,6 +307,8 @@ def serve(
         on_init=session.started,
         on_destroy=session.finish,
         settle=session.settle,
+        # zero-message opens keep every file's pages, as kernel_cache does: only with it
+        zero_opens=bool(options.get("kernel_cache")) and not options.get("direct_io"),
     )
     log.debug("libfuse options: %s", render(options))
     with _signals_to(session):

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from n5fs.errors import errno_of
 from n5fs.fuse_front._lib import (
+    FUSE_CAP_NO_OPEN_SUPPORT,
     RENAME_EXCHANGE,
     RENAME_NOREPLACE,
     FuseOSError,
@@ -108,8 +109,10 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
         on_init: Callable[[int], None] | None = None,
         on_destroy: Callable[[], None] | None = None,
         settle: Callable[[], object] | None = None,
+        zero_opens: bool = False,
     ) -> None:
         self.gateway = gateway
+        self._zero_opens_allowed = zero_opens
         self.to_stat = stat or StatMaker(read_only=gateway.read_only)
         self._on_init = on_init
         self._on_destroy = on_destroy
@@ -118,6 +121,9 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
         self._dir_fh = itertools.count(1)
         self._lock = threading.Lock()
         self._closed = False
+        #: zero-message opens in force (:meth:`engage_zero_opens`): files are read by path;
+        #: set once in ``init``, before libfuse hands any request to a thread, then only read
+        self.zero_opens = False
 
     # == the funnel ===============================================================================
 
@@ -265,7 +271,22 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
 
     # == files ====================================================================================
 
+    def engage_zero_opens(self, kernel_can: bool) -> bool:
+        """Called once at init: answer the first open of a file with ENOSYS, after which the
+        kernel opens files by itself, sends no OPEN, FLUSH or RELEASE, keeps their pages
+        (as ``kernel_cache`` does) and reads by path. Only where the gateway says opens are
+        optional (a read-only mount of local files) and the kernel can
+        (``FUSE_CAP_NO_OPEN_SUPPORT``), and only with ``kernel_cache`` (a read-only mount's
+        default: ``-o auto_cache`` or ``-o direct_io`` keep the opens). Reading 10k small
+        files then costs a lookup and a read each instead of four calls."""
+        self.zero_opens = kernel_can and bool(getattr(self.gateway, "opens_optional", False))
+        return self.zero_opens
+
     def open(self, path: str, flags: int) -> int:
+        if self.zero_opens and not path.startswith(_CONTROL_PREFIX):
+            # "opened, and open nothing from now on" (libfuse: zero-message opens); a control
+            # entry opened before the first file keeps its handle and direct_io
+            raise FuseOSError(errno.ENOSYS)
         return self._run("open " + path, lambda: self.gateway.open(path, flags))
 
     def create(self, path: str, mode: int, flags: int = 0) -> int:
@@ -291,12 +312,28 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
             return PageCache.DROP
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        if not fh and self.zero_opens:
+            return self._run("read " + path, lambda: self._read_unopened(path, size, offset))
         return self._run("read " + path, lambda: self.gateway.read(fh, size, offset))
+
+    def _read_unopened(self, path: str, size: int, offset: int) -> bytes:
+        """The gateway's ``read_unopened`` (present where its ``opens_optional`` is true,
+        the only gateways zero-message opens are engaged for)."""
+        gateway: Any = self.gateway
+        return cast("bytes", gateway.read_unopened(path, size, offset))
 
     def read_buf(self, path: str, bufpp: Any, size: int, offset: int, fh: int) -> int:
         """libfuse's read (it prefers this one): where the gateway reads ``fh`` from a local
         descriptor, libfuse gets the descriptor and reads it itself (no bytes through
         Python); else the bytes :meth:`read` returns."""
+        if not fh and self.zero_opens:  # read by path: zero-message opens
+            gateway: Any = self.gateway  # has the *_unopened calls (engage_zero_opens)
+            fd = self._run("read " + path, lambda: gateway.read_fd_unopened(path, size, offset))
+            if fd is None:  # a control entry: rendered
+                fill_read_buf(bufpp, data=self.read(path, size, offset, fh))
+            else:
+                fill_read_buf(bufpp, fd=fd, size=size, offset=offset)
+            return 0
         read_fd = getattr(self.gateway, "read_fd", None)  # optional: fakes may lack it
         if read_fd is not None:
             fd = self._run("read " + path, lambda: read_fd(fh, size, offset))
@@ -314,7 +351,11 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
         return 0
 
     def flush(self, path: str, fh: int) -> int:
-        """Every close() flushes: the commit point, where a refused write answers EINVAL."""
+        """Every close() flushes: the commit point, where a refused write answers EINVAL.
+        With zero-message opens (a read-only mount: nothing to commit) the kernel is told
+        once, by ENOSYS, to send no FLUSH at all."""
+        if self.zero_opens:
+            raise FuseOSError(errno.ENOSYS)
         self._committing("flush " + path, lambda: self.gateway.flush(fh))
         return 0
 
@@ -337,6 +378,9 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
                 conn.max_readahead,
                 conn.want,
             )
+        kernel_can = conn is not None and bool(conn.capable & FUSE_CAP_NO_OPEN_SUPPORT)
+        if self._zero_opens_allowed and self.engage_zero_opens(kernel_can):
+            log.info("zero-message opens: the kernel reads files without opening them")
         if self._on_init is not None:
             self._on_init(fuse_ptr)
         sweep = getattr(self.gateway, "sweep_leftovers", None)

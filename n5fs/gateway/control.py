@@ -4,7 +4,7 @@ housekeeping they report on.
 ``rejections`` lists refused (or, in warn mode, flagged) commits as JSON lines;
 ``stats.json`` holds the counters ``n5fs status`` and systemd's STATUS= show, and the
 settings that decide what other mounts' commits this one sees (``consistency``,
-``conditional_writes``: "in force" or why not). Both are
+``conditional_writes``: "in force" or why not), padded to a fixed size (:func:`padded`). Both are
 rendered when opened, from the owners' thread-safe snapshots. The only state here is the
 count of leftovers the mount's sweep removed, guarded by ``_lock`` (a leaf lock).
 """
@@ -28,6 +28,21 @@ if TYPE_CHECKING:
     from n5fs.kvstore.base import KvStore
 
 log = logging.getLogger(__name__)
+
+#: ``stats.json`` is padded with spaces to a multiple of this many bytes
+STATS_BLOCK = 4096
+
+
+def padded(text: str) -> bytes:
+    """``text`` and a newline, padded with spaces (JSON allows them) to a multiple of
+    :data:`STATS_BLOCK` bytes: the counters change between a reader's ``stat`` and its
+    reads, the size does not. Where the kernel reads the file through its page cache (a
+    read-only mount's zero-message opens, :mod:`~n5fs.gateway.unopened`) it reads up to the
+    size it was told, so a document of another length would come out cut or padded with
+    zeros; this way a read is whole, at worst a moment old."""
+    raw = text.encode()
+    size = -(-(len(raw) + 1) // STATS_BLOCK) * STATS_BLOCK
+    return raw + b" " * (size - len(raw) - 1) + b"\n"
 
 
 class ControlEntries:
@@ -70,7 +85,7 @@ class ControlEntries:
             return "".join(lines).encode()
         if name == "stats.json":
             doc = {**self.stats(), **self.settings()}
-            return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+            return padded(json.dumps(doc, indent=2, sort_keys=True))
         raise KeyNotFound(f"/{key}")
 
     def settings(self) -> dict[str, str]:

@@ -11,7 +11,8 @@ and the mount's housekeeping, and asks this module whether a name may change
 (:meth:`FileCalls.check_ancestors`).
 
 State and locks: the only state of its own is :attr:`FileCalls.refused`
-(:class:`~n5fs.gateway.handles.RefusedNames`, own leaf lock). Everything else belongs to its
+(:class:`~n5fs.gateway.handles.RefusedNames`, own leaf lock) and :attr:`FileCalls.unopened`
+(:class:`~n5fs.gateway.unopened.UnopenedReads`: a slot per thread, each touched by its own). Everything else belongs to its
 owners: nodes and handles to :class:`~n5fs.gateway.handles.OpenFiles` (a node's lock is held
 here around every change of its staged content and around its commit, and taken before any
 commit-order lock), listings to :class:`~n5fs.gateway.view.NamespaceView`, bytes to
@@ -38,6 +39,7 @@ from n5fs.gateway.cache import stamp_of, version_of
 from n5fs.gateway.handles import Handle, Node, RefusedNames
 from n5fs.gateway.namespace import EntryKind, is_control, path_to_key
 from n5fs.gateway.reader import PageCache
+from n5fs.gateway.unopened import UnopenedReads
 from n5fs.kvstore.keys import basename, parent
 from n5fs.kvstore.tempnames import is_partial
 
@@ -99,6 +101,7 @@ class FileCalls:
         self._control = control
         self.read_only = read_only
         self.refused = RefusedNames()
+        self.unopened = UnopenedReads(reader)
 
     def check_mutable(self, key: str) -> None:
         if is_control(key):
@@ -242,6 +245,24 @@ class FileCalls:
         total, version = (info.size, version_of(info)) if info else (None, None)
         chunk, handle.window = self.reader.read(handle.window, key, size, offset, total, version)
         return chunk
+
+    def read_unopened(self, path: str, size: int, offset: int) -> bytes:
+        """``size`` bytes at ``offset`` of the control entry ``path``, read with no handle
+        (zero-message opens: :mod:`~n5fs.gateway.unopened`). Rendered afresh and announced
+        stale once read, so the kernel, which keeps the pages of files it opened by itself,
+        asks again next time. Files are read by :meth:`read_fd_unopened`."""
+        key = path_to_key(path)
+        if not is_control(key):
+            raise AccessDenied(f"{path} is read by descriptor")
+        self.committer.changed([key])
+        return self._control(key)[offset : offset + size]
+
+    def read_fd_unopened(self, path: str, size: int, offset: int) -> int | None:
+        """A descriptor to read a file with no handle from (valid until this thread's next
+        call), None for a control entry (:meth:`read_unopened`)."""
+        if is_control(path_to_key(path)):
+            return None
+        return self.unopened.read_fd(path, size, offset)
 
     def read_fd(self, fh: int, size: int, offset: int) -> int | None:
         """The descriptor a read of ``size`` bytes at ``offset`` may be served from directly

@@ -210,6 +210,25 @@ class Gateway:
         libfuse), None when the read must go through :meth:`read`."""
         return self.calls.read_fd(fh, size, offset)
 
+    def read_unopened(self, path: str, size: int, offset: int) -> bytes:
+        """A read of a control entry that no ``open`` came before (zero-message opens of a
+        read-only mount of local files, :attr:`opens_optional`)."""
+        return self.calls.read_unopened(path, size, offset)
+
+    def read_fd_unopened(self, path: str, size: int, offset: int) -> int | None:
+        """The descriptor a read of a file that no ``open`` came before is served from, open
+        until the calling thread's next such read; None for a control entry
+        (:mod:`~n5fs.gateway.unopened`)."""
+        return self.calls.read_fd_unopened(path, size, offset)
+
+    @property
+    def opens_optional(self) -> bool:
+        """May the kernel read files without opening them first? On a read-only mount whose
+        store keeps each key in a local file: an open then only proves the file exists (the
+        lookup did), and a read by path costs what a read by handle does. Reading 10k small
+        files is then two FUSE calls each instead of four."""
+        return self.read_only and self.store.local_folder("") is not None
+
     def write(self, fh: int, data: bytes, offset: int) -> int:
         return self.calls.write(fh, data, offset)
 
@@ -323,6 +342,7 @@ class Gateway:
                     with contextlib.suppress(Rejected):  # recorded; nothing more at shutdown
                         self.committer.commit_node(node)
         self.committer.close()
+        self.calls.unopened.close()
         self.reader.close()
         self.store.close()
 
