@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -62,19 +63,27 @@ def test_a_thread_keeps_its_descriptor_for_one_path_then_reopens(gateway: Gatewa
         os.fstat(fd_y)
 
 
-def test_another_threads_read_never_closes_this_threads_descriptor(gateway: Gateway) -> None:
-    """libfuse reads the descriptor after the call returned: only its own thread's next read
-    may close it."""
+def test_threads_share_a_files_descriptor_and_the_last_holder_closes_it(
+    gateway: Gateway,
+) -> None:
+    """libfuse reads the descriptor after the call returned, on the calling thread: a hold
+    ends only at that thread's next read, and a descriptor closes when no thread holds it.
+    Threads reading one file share one descriptor (one read-ahead stream on the backing
+    file, as one open's handles do)."""
     reads = UnopenedReads(gateway.reader)
     mine = reads.read_fd("/a/x", 4096, 0)
-    other: list[int] = []
-    for path in ("/a/y", "/a/x", "/a/y"):
-        thread = threading.Thread(target=lambda p=path: other.append(reads.read_fd(p, 10, 0)))
-        thread.start()
-        thread.join()
-    assert os.pread(mine, 3, 0) == b"xxx"  # still open, still the same file
-    assert mine not in other
+    with ThreadPoolExecutor(1) as worker:  # one other thread, alive throughout
+        assert worker.submit(reads.read_fd, "/a/x", 4096, 4096).result() == mine
+        assert opens(gateway) == 1
+        fd_y = worker.submit(reads.read_fd, "/a/y", 10, 0).result()  # the worker lets go of x
+        assert os.pread(mine, 3, 0) == b"xxx"  # this thread still holds it
+        assert reads.read_fd("/a/y", 10, 0) == fd_y  # shared; x has no holder left: closed
+        assert opens(gateway) == 2
+        with pytest.raises(OSError, match="Bad file descriptor"):
+            os.fstat(mine)
     reads.close()
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        os.fstat(fd_y)
 
 
 def test_a_miss_a_temp_name_and_a_control_entry_have_no_descriptor(
@@ -106,3 +115,30 @@ def test_stats_json_keeps_its_size_while_its_counters_change(gateway: Gateway) -
     assert json.loads(after)["bytes_out"] > json.loads(before)["bytes_out"]
     assert len(after) == len(before) == STATS_BLOCK
     assert gateway.stat("/.n5fs/stats.json").size == STATS_BLOCK
+
+
+def test_two_threads_opening_one_file_at_once_end_with_one_descriptor(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is opened outside the lock: the worker opens x and stops before sharing it,
+    this thread opens and shares x meanwhile; the worker's descriptor is then the spare."""
+    reads = UnopenedReads(gateway.reader)
+    real = gateway.reader.open_local
+    opened, go = threading.Event(), threading.Event()
+
+    def gated(key: str) -> object:
+        local = real(key)
+        if not opened.is_set():
+            opened.set()
+            assert go.wait(10)
+        return local
+
+    monkeypatch.setattr(gateway.reader, "open_local", gated)
+    with ThreadPoolExecutor(1) as worker:
+        first = worker.submit(reads.read_fd, "/a/x", 10, 0)
+        assert opened.wait(10)
+        mine = reads.read_fd("/a/x", 10, 0)
+        go.set()
+        assert first.result() == mine
+    assert opens(gateway) == 2
+    reads.close()

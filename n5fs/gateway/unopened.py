@@ -11,17 +11,21 @@ returned (as handle reads are: :meth:`~n5fs.gateway.filecalls.FileCalls.read_fd`
 with bytes instead cost a third of the throughput of large sequential reads (a Python
 ``pread`` and a copy per 128 KiB, plus an open and a close). So the descriptor must outlive
 the call, and nobody releases it. libfuse reads it on the thread that called, before that
-thread takes its next request; so each thread holds the descriptor of its last read and closes
-it at its own next read, never another thread's. A thread whose next read is of the same path
-keeps it for up to :data:`REUSE_SECONDS` (the kernel spreads one reader's read-ahead over its
-threads): a large file costs an ``open`` per thread and second, not one per 128 KiB; a file
-replaced on disk is seen once that time is over, well inside the attribute timeout the kernel
-already keeps a file's pages for on such a mount.
+thread takes its next request: so each thread *holds* the descriptor of its last read until
+its own next read, and a descriptor is closed once no thread holds it. Threads reading one
+file share one descriptor, as the handles of one open do: the kernel spreads a reader's
+read-ahead over its threads, and a descriptor per thread split the backing file's own
+read-ahead into as many strided streams (cold reads of gzip N5 blocks fell to 0.4x of the
+passthrough). A descriptor serves new holders for up to :data:`REUSE_SECONDS`; after that a
+read opens the file again, so a file replaced on disk is seen within that time, well inside
+the attribute timeout the kernel already keeps a file's pages for on such a mount.
 
-State and locks: ``_held`` maps a thread's ident to its :class:`_Held` slot; a thread reads and
-replaces only its own slot (one dict ``get`` or item set at a time: atomic under the GIL, no
-lock). libfuse 3's workers never outnumber ``max_idle_threads`` (the front sets it to the
-thread cap), so at most that many descriptors are held. :meth:`close` (unmount, when no
+State and locks: ``_files`` (path -> the descriptor new readers of it share) and ``_held``
+(thread ident -> the descriptor that thread holds), with each descriptor's holder count,
+live under ``_lock``, a leaf lock held for dict and counter updates only: files are opened
+and closed outside it. Every descriptor in ``_files`` or ``_held`` has a holder, so at most
+one descriptor per FUSE thread is open (libfuse 3's workers never outnumber
+``max_idle_threads``, which the front sets to the thread cap). :meth:`close` (unmount, when no
 request runs) closes them all.
 """
 
@@ -48,11 +52,14 @@ if TYPE_CHECKING:
 REUSE_SECONDS = 1.0
 
 
-@dataclass(frozen=True, slots=True)
-class _Held:
+@dataclass(slots=True)
+class _Shared:
+    """One descriptor of a file and how many threads hold it (under ``_lock``)."""
+
     path: str
     local: LocalFile
     until: float
+    holders: int = 0
 
 
 class UnopenedReads:
@@ -61,24 +68,68 @@ class UnopenedReads:
     def __init__(self, reader: ObjectReader, clock: Callable[[], float] = time.monotonic) -> None:
         self._reader = reader
         self._clock = clock
-        self._held: dict[int, _Held] = {}
+        self._lock = threading.Lock()
+        self._files: dict[str, _Shared] = {}
+        self._held: dict[int, _Shared] = {}
 
     def read_fd(self, path: str, size: int, offset: int) -> int:
         """A descriptor to read ``size`` bytes at ``offset`` of the file at ``path`` from,
         open until this thread's next call. KeyNotFound when there is no such local file;
         a control entry has none (the caller renders it)."""
         ident = threading.get_ident()
-        held = self._held.get(ident)
         now = self._clock()
-        if held is not None and (held.path != path or now > held.until):
-            del self._held[ident]
-            held.local.close()  # libfuse read it before this thread took this request
-            held = None
-        if held is None:
-            held = _Held(path, self._open(path), now + REUSE_SECONDS)
-            self._held[ident] = held
-        self._reader.count_local(held.local, size, offset)
-        return held.local.fd
+        with self._lock:
+            unheld = self._let_go(ident, path, now)
+            shared = self._take(ident, path, now)
+        if unheld is not None:
+            unheld.close()  # no thread holds it: every read of it was answered
+        if shared is None:
+            shared = self._open_shared(ident, path, now)
+        self._reader.count_local(shared.local, size, offset)
+        return shared.local.fd
+
+    def _let_go(self, ident: int, path: str, now: float) -> LocalFile | None:
+        """Under ``_lock``: this thread's hold ends unless it reads on in the same, still
+        fresh descriptor; returns the descriptor to close when it was the last holder."""
+        held = self._held.get(ident)
+        if held is None or (held.path == path and now <= held.until):
+            return None
+        del self._held[ident]
+        held.holders -= 1
+        if held.holders:
+            return None
+        if self._files.get(held.path) is held:
+            del self._files[held.path]
+        return held.local
+
+    def _take(self, ident: int, path: str, now: float) -> _Shared | None:
+        """Under ``_lock``: hold the fresh shared descriptor of ``path``, None if there is none."""
+        held = self._held.get(ident)
+        if held is not None:
+            return held  # kept by _let_go: same path, fresh
+        shared = self._files.get(path)
+        if shared is None or now > shared.until:
+            return None
+        shared.holders += 1
+        self._held[ident] = shared
+        return shared
+
+    def _open_shared(self, ident: int, path: str, now: float) -> _Shared:
+        """Open ``path`` (outside the lock) and hold it; a descriptor another thread opened
+        meanwhile wins and ours is closed."""
+        local = self._open(path)
+        with self._lock:
+            shared = self._files.get(path)
+            spare = None
+            if shared is None or now > shared.until:
+                shared = self._files[path] = _Shared(path, local, now + REUSE_SECONDS)
+            else:
+                spare = local
+            shared.holders += 1
+            self._held[ident] = shared
+        if spare is not None:
+            spare.close()
+        return shared
 
     def _open(self, path: str) -> LocalFile:
         key = path_to_key(path)
@@ -91,6 +142,8 @@ class UnopenedReads:
 
     def close(self) -> None:
         """Close every held descriptor (no request may run: unmount)."""
-        held, self._held = self._held, {}
-        for slot in held.values():
+        with self._lock:
+            shared = {id(s): s for s in self._held.values()}
+            self._held, self._files = {}, {}
+        for slot in shared.values():
             slot.local.close()
