@@ -4,8 +4,8 @@ housekeeping they report on.
 ``rejections`` lists refused (or, in warn mode, flagged) commits as JSON lines;
 ``stats.json`` holds the counters ``n5fs status`` and systemd's STATUS= show, and the
 settings that decide what other mounts' commits this one sees (``consistency``,
-``conditional_writes``: "in force" or why not), padded to a fixed size (:func:`padded`). Both are
-rendered when opened, from the owners' thread-safe snapshots. The only state here is the
+``conditional_writes``: "in force" or why not), padded to a fixed size (:func:`padded`).
+Both are rendered when opened, from the owners' thread-safe snapshots. The only state here is the
 count of leftovers the mount's sweep removed, guarded by ``_lock`` (a leaf lock).
 """
 

@@ -12,9 +12,9 @@ and the mount's housekeeping, and asks this module whether a name may change
 
 State and locks: the only state of its own is :attr:`FileCalls.refused`
 (:class:`~n5fs.gateway.handles.RefusedNames`, own leaf lock) and :attr:`FileCalls.unopened`
-(:class:`~n5fs.gateway.unopened.UnopenedReads`: a slot per thread, each touched by its own
-thread, no lock). Everything else belongs to its owners: nodes and handles to :class:`~n5fs.gateway.handles.OpenFiles` (a node's lock is held
-here around every change of its staged content and around its commit, and taken before any
+(:class:`~n5fs.gateway.unopened.UnopenedReads`, own leaf lock). Everything else belongs to
+its owners: nodes and handles to :class:`~n5fs.gateway.handles.OpenFiles` (a node's lock is
+held here around every change of its staged content and around its commit, and taken before any
 commit-order lock), listings to :class:`~n5fs.gateway.view.NamespaceView`, bytes to
 :class:`~n5fs.gateway.reader.ObjectReader`, commits to
 :class:`~n5fs.gateway.committer.Committer`. The lock order of the whole gateway is in

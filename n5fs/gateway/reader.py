@@ -59,6 +59,7 @@ from n5fs.errors import KeyNotFound
 from n5fs.gateway.cache import ByteLRU, Counters, Stamp, Version
 from n5fs.gateway.prefetch import Flights, Prefetcher
 from n5fs.kvstore.base import ByteRange
+from n5fs.kvstore.keys import basename, folder_of
 from n5fs.malloc import map_large_buffers
 
 if TYPE_CHECKING:
@@ -207,12 +208,11 @@ class ObjectReader:
         """``key`` opened relative to its checked folder without following a link at its
         name; None where that cannot say (no local folder, a link, a miss: the caller asks
         :meth:`KvStore.local_path`, which answers a miss with None too)."""
-        head, _, name = key.rpartition("/")
-        folder = self.store.local_folder(head + "/" if head else "")
+        folder = self.store.local_folder(folder_of(key))
         if folder is None:
             return None
         try:
-            return os.open(f"{folder}{os.sep}{name}", _OPEN_FLAGS | _NO_FOLLOW)
+            return os.open(f"{folder}{os.sep}{basename(key)}", _OPEN_FLAGS | _NO_FOLLOW)
         except OSError:
             return None
 
