@@ -96,6 +96,9 @@ def test_a_miss_a_temp_name_and_a_control_entry_have_no_descriptor(
         gateway.read_fd_unopened(f"/a/x{PARTIAL_SUFFIX}", 10, 0)
     assert gateway.read_fd_unopened("/.n5fs/stats.json", 10, 0) is None
     assert gateway.read_unopened("/.n5fs/stats.json", 1, 0) == b"{"
+    assert gateway.read_unopened("/a/y", 100, 5) == b"y" * 5  # a file, as bytes
+    with pytest.raises(KeyNotFound):
+        gateway.read_unopened("/a/nothing", 10, 0)
 
 
 def test_a_control_entry_read_without_an_open_is_announced_stale(gateway: Gateway) -> None:

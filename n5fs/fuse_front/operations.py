@@ -317,8 +317,9 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
         return self._run("read " + path, lambda: self.gateway.read(fh, size, offset))
 
     def _read_unopened(self, path: str, size: int, offset: int) -> bytes:
-        """The gateway's ``read_unopened`` (present where its ``opens_optional`` is true,
-        the only gateways zero-message opens are engaged for)."""
+        """The gateway's ``read_unopened``: a control entry, or a file where libfuse calls
+        ``read`` instead of ``read_buf`` (present where ``opens_optional`` is true, the only
+        gateways zero-message opens are engaged for)."""
         gateway: Any = self.gateway
         return cast("bytes", gateway.read_unopened(path, size, offset))
 

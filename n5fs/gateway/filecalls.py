@@ -247,13 +247,14 @@ class FileCalls:
         return chunk
 
     def read_unopened(self, path: str, size: int, offset: int) -> bytes:
-        """``size`` bytes at ``offset`` of the control entry ``path``, read with no handle
-        (zero-message opens: :mod:`~n5fs.gateway.unopened`). Rendered afresh and announced
+        """``size`` bytes at ``offset`` of ``path``, read with no handle (zero-message opens:
+        :mod:`~n5fs.gateway.unopened`). A control entry is rendered afresh and announced
         stale once read, so the kernel, which keeps the pages of files it opened by itself,
-        asks again next time. Files are read by :meth:`read_fd_unopened`."""
+        asks again next time; a file is read from the descriptor :meth:`read_fd_unopened`
+        gives (libfuse prefers to read that one itself)."""
         key = path_to_key(path)
         if not is_control(key):
-            raise AccessDenied(f"{path} is read by descriptor")
+            return os.pread(self.unopened.read_fd(path, size, offset), size, offset)
         self.committer.changed([key])
         return self._control(key)[offset : offset + size]
 

@@ -211,8 +211,8 @@ class Gateway:
         return self.calls.read_fd(fh, size, offset)
 
     def read_unopened(self, path: str, size: int, offset: int) -> bytes:
-        """A read of a control entry that no ``open`` came before (zero-message opens of a
-        read-only mount of local files, :attr:`opens_optional`)."""
+        """A read that no ``open`` came before, as bytes (zero-message opens of a read-only
+        mount of local files, :attr:`opens_optional`; control entries are read so)."""
         return self.calls.read_unopened(path, size, offset)
 
     def read_fd_unopened(self, path: str, size: int, offset: int) -> int | None:

@@ -1,4 +1,5 @@
-"""Reads without opens: the descriptors behind zero-message opens, one per reading thread.
+"""Reads without opens: the descriptors behind zero-message opens, shared by the threads
+reading a file and held by each until its next read.
 
 On a read-only mount of local files the kernel may open files by itself (libfuse's
 zero-message opens, engaged by the FUSE front): no OPEN, FLUSH or RELEASE reaches the gateway,
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
-from n5fs.gateway.namespace import is_control, path_to_key
+from n5fs.gateway.namespace import path_to_key
 from n5fs.kvstore.keys import basename
 from n5fs.kvstore.tempnames import is_partial
 
@@ -132,10 +133,8 @@ class UnopenedReads:
         return shared
 
     def _open(self, path: str) -> LocalFile:
-        key = path_to_key(path)
-        local = None
-        if not is_control(key) and not is_partial(basename(key)):
-            local = self._reader.open_local(key)
+        key = path_to_key(path)  # a control entry is the caller's (FileCalls), never here
+        local = None if is_partial(basename(key)) else self._reader.open_local(key)
         if local is None:
             raise KeyNotFound(f"no such file: {path}")
         return local
