@@ -103,23 +103,23 @@ def test_zarr_python_v2_array_of_1024_chunks(mounter, tmp_path):
 
 @pytest.mark.s3
 def test_zarr_python_v2_array_on_s3(mounter, s3_server, s3_bucket):
-    """The same on S3 (moto), smaller: 512 chunks, six threads (each commit is several HTTP
+    """The same on S3 (moto), smaller: 256 chunks, six threads (each commit is several HTTP
     round trips: a PUT of the temp file, then a server-side copy and a delete)."""
     source = json.dumps(
         {"driver": "s3", "bucket": s3_bucket, "path": "z/", "endpoint": s3_server.endpoint}
     )
     mp = mounter.foreground(source, *TTL)
-    data = values(7, (256, 128))
+    data = values(7, (128, 128))
     write_v2(mp / "a.zarr", data, workers=6)
     assert np.array_equal(read_v2(mp / "a.zarr"), data)
     store = open_store(source)
     keys = [info.key for info in store.list("a.zarr/", delimiter=None).keys]
-    assert len([k for k in keys if not k.rsplit("/", 1)[1].startswith(".")]) == 512
+    assert len([k for k in keys if not k.rsplit("/", 1)[1].startswith(".")]) == 256
     assert not [k for k in keys if k.endswith(".partial")]
     report = validate_store(store)
     store.close()
     assert report.ok, report.invalid
-    assert report.chunks == 512
+    assert report.chunks == 256
 
 
 # == b: six threads, .partial + os.replace into one folder ==========================================

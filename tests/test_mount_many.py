@@ -20,6 +20,10 @@ from n5fs.testing.s3_proxy import dropping_conditions
 
 pytestmark = pytest.mark.s3
 
+#: zarr-python creations per node in the three-node test: each rewrites the consolidated root,
+#: so 30 in all race for it (enough to lose conditional writes every run; 60 took 32 s)
+ARRAYS_PER_NODE = 10
+
 ZARRAY = {
     "zarr_format": 2,
     "shape": [16],
@@ -74,7 +78,7 @@ def test_arrays_created_on_three_nodes_all_reach_the_consolidated_root(
 
     def create(i: int) -> None:
         try:
-            for j in range(20):
+            for j in range(ARRAYS_PER_NODE):
                 zarr.create_array(
                     store=str(mps[i]),
                     name=f"n{i}_{j}",
@@ -95,7 +99,7 @@ def test_arrays_created_on_three_nodes_all_reach_the_consolidated_root(
     assert failures == []
     entries = json.loads(stored(client, s3_bucket, ".zmetadata"))["metadata"]
     arrays = {key for key in entries if key.endswith("/.zarray")}
-    assert arrays == {f"n{i}_{j}/.zarray" for i in range(3) for j in range(20)}
+    assert arrays == {f"n{i}_{j}/.zarray" for i in range(3) for j in range(ARRAYS_PER_NODE)}
     validate_clean(s3_server.endpoint, s3_bucket)
 
 
