@@ -21,7 +21,7 @@ from n5fs.testing.s3_proxy import dropping_conditions
 pytestmark = pytest.mark.s3
 
 #: zarr-python creations per node in the three-node test: each rewrites the consolidated root,
-#: so 30 in all race for it (enough to lose conditional writes every run; 60 took 32 s)
+#: so 30 in all race for it (60 took 32 s of the suite's time)
 ARRAYS_PER_NODE = 10
 
 ZARRAY = {
