@@ -74,7 +74,9 @@ def copy_in(blocks: list[Path], src: Path, dst: Path, write_size: int, pid: int)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         view = memoryview(data)
         for offset in range(0, len(data), write_size):
-            os.write(fd, view[offset : offset + write_size])
+            piece = view[offset : offset + write_size]
+            while piece:  # a short write goes on where it stopped
+                piece = piece[os.write(fd, piece) :]
         t1 = time.perf_counter()
         os.close(fd)  # n5fs: the commit, after the chunk's check
         closing += time.perf_counter() - t1
