@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,17 @@ from n5fs.fuse_front.mounts import mount_entry
 
 CLI = [sys.executable, "-m", "n5fs"]
 WATCHDOG = 240.0
+
+#: skips a test where this machine cannot mount (no /dev/fuse, no fusermount3)
+NEEDS_FUSE = pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+    reason="needs /dev/fuse and fusermount3",
+)
+
+
+def real_mount(timeout: float = 120) -> list[pytest.MarkDecorator]:
+    """The marks of a test that mounts: ``fuse``, a timeout of its own, and :data:`NEEDS_FUSE`."""
+    return [pytest.mark.fuse, pytest.mark.timeout(timeout), NEEDS_FUSE]
 
 
 class Mounter:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import zipfile
 from argparse import Namespace
@@ -26,17 +25,10 @@ from n5fs.errors import InvalidSource
 from n5fs.fuse_front.mounts import MountFailed, mount_entry
 from n5fs.fuse_front.options import fuse_options, loop_options, parse_options
 from n5fs.kvstore.spec import parse_spec
-from tests.mounting import CLI
+from tests.mounting import CLI, real_mount
 from tests.writers import ramp, tensorstore_n5
 
-fuse = [
-    pytest.mark.fuse,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-        reason="needs /dev/fuse and fusermount3",
-    ),
-]
+fuse = real_mount(120)
 
 
 def fuse_test(func):

@@ -26,7 +26,7 @@ import pytest
 
 from n5fs.errors import Rejected
 from n5fs.fuse_front.invalidate import Invalidator
-from tests.mounting import wait_until
+from tests.mounting import real_mount, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,12 +35,7 @@ if TYPE_CHECKING:
     from tests.mounting import Mounter
 
 needs_mount = [
-    pytest.mark.fuse,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-        reason="needs /dev/fuse and fusermount3",
-    ),
+    *real_mount(120),
     pytest.mark.skipif(not ctypes.util.find_library("fuse3"), reason="needs libfuse 3"),
 ]
 

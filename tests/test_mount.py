@@ -13,7 +13,6 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,16 +26,9 @@ import pytest
 from n5fs.cli.daemon import process_alive, state_path
 from n5fs.cli.demo import demo_store
 from n5fs.fuse_front.mounts import is_stale, mount_entry
-from tests.mounting import wait_until
+from tests.mounting import real_mount, wait_until
 
-pytestmark = [
-    pytest.mark.fuse,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-        reason="needs /dev/fuse and fusermount3",
-    ),
-]
+pytestmark = real_mount(120)
 
 SERVE_FAULTY = """
 import os

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import threading
 import uuid
@@ -23,15 +22,9 @@ import zarr
 
 from n5fs.kvstore import open_store
 from n5fs.validate import validate_store
+from tests.mounting import real_mount
 
-pytestmark = [
-    pytest.mark.fuse,
-    pytest.mark.timeout(240),
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-        reason="needs /dev/fuse and fusermount3",
-    ),
-]
+pytestmark = real_mount(240)
 
 MiB = 1 << 20
 SHAPE, CHUNKS = (256, 256), (8, 8)  # 32 x 32 = 1,024 chunks

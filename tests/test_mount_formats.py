@@ -19,17 +19,10 @@ import zarr
 
 from n5fs.kvstore import open_store
 from n5fs.validate import validate_store
-from tests.mounting import Mounter
+from tests.mounting import Mounter, real_mount
 from tests.writers import ramp, tensorstore_n5, zarr_python_hierarchy
 
-pytestmark = [
-    pytest.mark.fuse,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-        reason="needs /dev/fuse and fusermount3",
-    ),
-]
+pytestmark = real_mount(300)
 
 KINDS = ["memory", "file", pytest.param("s3", marks=pytest.mark.s3), "zip"]
 

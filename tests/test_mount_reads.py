@@ -16,16 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.mounting import wait_until
+from tests.mounting import real_mount, wait_until
 
-pytestmark = [
-    pytest.mark.fuse,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-        reason="needs /dev/fuse and fusermount3",
-    ),
-]
+pytestmark = real_mount(120)
 
 OLD = b"old bytes " * 100_000  # ~1 MB: several kernel reads, and pages worth keeping
 NEW = b"NEW BYTES " * 100_000  # same size: only the bytes tell the versions apart

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +21,13 @@ import pytest
 import tensorstore as ts
 import zarr
 
-from tests.mounting import Mounter
+from tests.mounting import Mounter, real_mount
 from tests.test_views import expected, n5_names, write_sources
 from tests.test_views_n5 import LEFT_OUT, SHOWN, zarr_values
 from tests.test_views_n5 import write_sources as write_zarr_for_n5
 from tests.writers import ramp, tensorstore_n5
 
-pytestmark = [
-    pytest.mark.fuse,
-    pytest.mark.timeout(300),
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-        reason="needs /dev/fuse and fusermount3",
-    ),
-]
+pytestmark = real_mount(300)
 
 #: a dataset large enough that the kernel's read-ahead cannot reach most of its chunks
 BIG = "big"

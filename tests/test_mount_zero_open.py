@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 from pathlib import Path
 
 import pytest
 
-from tests.mounting import wait_until
+from tests.mounting import real_mount, wait_until
 
-pytestmark = [
-    pytest.mark.fuse,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-        reason="needs /dev/fuse and fusermount3",
-    ),
-]
+pytestmark = real_mount(120)
 
 BIG = bytes(range(256)) * 12_000  # ~3 MB: many kernel reads, spread over its threads
 

@@ -12,7 +12,6 @@ import os
 import pickle
 import pickletools
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ from n5fs.gateway import Gateway
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.validate import validate_store
-from tests.mounting import Mounter
+from tests.mounting import NEEDS_FUSE, Mounter
 from tests.nwb_env import NwbEnvError, run_in_nwb_env
 
 pytestmark = pytest.mark.slow
@@ -214,10 +213,7 @@ def test_the_reference_pickle_is_accepted_in_any_v2_object_array(store: Path) ->
 
 @pytest.mark.fuse
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-    reason="needs /dev/fuse and fusermount3",
-)
+@NEEDS_FUSE
 def test_cp_r_into_a_real_mount(store: Path, mounter: Mounter, tmp_path: Path) -> None:
     """``cp -r`` of the NWB file into a mounted directory store: every file lands (the
     pickled references included), reads back equal, and the backing store validates clean."""

@@ -33,20 +33,13 @@ from n5fs.cli.sdnotify import Notifier, socket_address, status_interval, status_
 from n5fs.errors import InvalidSource
 from n5fs.fuse_front.mounts import is_stale, mount_entry
 from n5fs.kvstore.spec import S3Spec, ZipSpec, parse_spec
-from tests.mounting import CLI, wait_until
+from tests.mounting import CLI, real_mount, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "systemd" / "n5fs@.service"
 HELPER = [sys.executable, "-m", "n5fs.cli.fstab"]
 
-needs_fuse = [
-    pytest.mark.fuse,
-    pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-        reason="needs /dev/fuse and fusermount3",
-    ),
-]
+needs_fuse = real_mount(120)
 
 
 def fuse_test(func):

@@ -4,7 +4,6 @@ listed by ``readdir`` of the root only when the mount asks for it."""
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from n5fs.fuse_front.options import fuse_options, parse_options
 from n5fs.gateway import EntryKind, Gateway, GatewayConfig
 from n5fs.kvstore.memory import MemoryStore
+from tests.mounting import NEEDS_FUSE
 
 
 def names(gw: Gateway, path: str) -> list[str]:
@@ -61,10 +61,7 @@ def test_a_stored_key_of_the_control_name_stays_shadowed() -> None:
 
 @pytest.mark.fuse
 @pytest.mark.timeout(120)
-@pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-    reason="needs /dev/fuse and fusermount3",
-)
+@NEEDS_FUSE
 def test_mount_o_show_control_lists_it(mounter, tmp_path: Path) -> None:
     src = tmp_path / "src"
     (src / "g").mkdir(parents=True)

@@ -13,7 +13,6 @@ import contextlib
 import errno
 import io
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -33,12 +32,8 @@ from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.spec import S3Spec
 from n5fs.kvstore.zip import ZipStore
-from tests.mounting import wait_until
+from tests.mounting import NEEDS_FUSE, wait_until
 
-fuse_test = pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-    reason="needs /dev/fuse and fusermount3",
-)
 pytestmark = pytest.mark.timeout(120)
 
 ARCHIVE = "arch/a.zip"
@@ -190,7 +185,7 @@ def zip_on(disk: Path) -> tuple[Path, bytes, str]:
     return archive, archive.read_bytes(), f"file://{archive}|zip:"
 
 
-@fuse_test
+@NEEDS_FUSE
 @pytest.mark.fuse
 def test_full_disk_fails_fsync_and_unmount_keeps_the_mount_until_there_is_room(
     mounter: Any, disk: Path
@@ -231,7 +226,7 @@ def test_full_disk_fails_fsync_and_unmount_keeps_the_mount_until_there_is_room(
     assert sorted(os.listdir(disk)) == ["a.zip"]
 
 
-@fuse_test
+@NEEDS_FUSE
 @pytest.mark.fuse
 def test_unmount_discard_skips_the_flush(mounter: Any, disk: Path) -> None:
     archive, old, source = zip_on(disk)
@@ -245,7 +240,7 @@ def test_unmount_discard_skips_the_flush(mounter: Any, disk: Path) -> None:
     assert sorted(os.listdir(disk)) == ["a.zip", "filler"]
 
 
-@fuse_test
+@NEEDS_FUSE
 @pytest.mark.fuse
 def test_sigterm_stays_mounted_while_the_rewrite_fails_and_a_second_one_retries(
     mounter: Any, disk: Path
@@ -275,7 +270,7 @@ def test_sigterm_stays_mounted_while_the_rewrite_fails_and_a_second_one_retries(
     assert unzip(archive.read_bytes()) == {"keep.txt": b"keep\n", "big.bin": big}
 
 
-@fuse_test
+@NEEDS_FUSE
 @pytest.mark.fuse
 def test_a_rewrite_failing_at_the_final_unmount_exits_non_zero(mounter: Any, disk: Path) -> None:
     archive, old, source = zip_on(disk)
@@ -296,7 +291,7 @@ def test_a_rewrite_failing_at_the_final_unmount_exits_non_zero(mounter: Any, dis
 # == a daemon killed mid-rewrite ===================================================================
 
 
-@fuse_test
+@NEEDS_FUSE
 @pytest.mark.fuse
 def test_a_daemon_killed_mid_rewrite_leaves_the_old_archive_and_a_temp_the_sweep_removes(
     mounter: Any, tmp_path: Path
