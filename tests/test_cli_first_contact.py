@@ -148,7 +148,7 @@ def test_validate_says_when_it_found_nothing(tmp_path, capsys):
     assert (code, err) == (0, "")
     assert out == (
         f"file://{tmp_path}: no array found; checked 0 metadata files, 0 chunks; "
-        "1 other keys not judged; 0 skipped\n"
+        "1 other keys not judged; 0 could not be checked\n"
     )
 
 

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pty
 import select
 import shutil
+import struct
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from n5fs.cli import commands
+from n5fs.cli.commands import EXIT_INVALID, EXIT_UNREADABLE
 from n5fs.cli.main import main
+from n5fs.detect import Source
+from n5fs.kvstore.wrappers import FaultyStore
 from tests.writers import ramp, tensorstore_n5, zarr_python_hierarchy
 
 
@@ -78,8 +85,160 @@ def test_validate_passes_untouched_store(good: Path, capsys: pytest.CaptureFixtu
     doc = json.loads(out)
     assert code == 0, doc
     assert doc["invalid"] == []
+    assert doc["unreadable"] == []
     assert doc["checked"]["chunks"] > 20
     assert doc["checked"]["metadata"] >= 5
+    code, out, _ = run(["validate", str(good)], capsys)
+    assert code == 0
+    assert out.endswith("; 0 could not be checked\n")
+    assert ": valid; checked " in out
+    assert "UNREADABLE" not in out
+
+
+class Unreadable(FaultyStore):
+    """A FaultyStore with no local files: every chunk is read through ``get_many``/``get``,
+    where the faults are (a local read would go around them)."""
+
+    def local_folder(self, prefix: str) -> str | None:
+        return None
+
+    def local_path(self, key: str) -> str | None:
+        return None
+
+
+def faulty_source(
+    monkeypatch: pytest.MonkeyPatch, *keys: str, ops: tuple[str, ...] = ("get_many", "get")
+) -> None:
+    """Every store the CLI opens fails reads (``ops``) of ``keys`` as an S3 GET that kept
+    failing after its retries does."""
+    real = commands.open_cli_source
+
+    def opened(text: str, *, read_only: bool = False) -> Source:
+        source = real(text, read_only=read_only)
+        store = Unreadable(source.store)
+        for op in ops:
+            store.fail(op, times=None, when=lambda key: key in keys)
+        return dataclasses.replace(source, store=store)
+
+    monkeypatch.setattr(commands, "open_cli_source", opened)
+
+
+def test_validate_a_chunk_the_store_cannot_read_is_unreadable_not_valid(
+    good: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(["validate", "--json", str(good)], capsys)
+    assert code == 0
+    clean = json.loads(out)["checked"]
+    faulty_source(monkeypatch, "v2/raw/0.0")
+    code, out, _ = run(["validate", "--json", "--jobs", "2", str(good)], capsys)
+    assert code == EXIT_UNREADABLE == 3
+    doc = json.loads(out)
+    assert doc["invalid"] == []
+    assert doc["unreadable"] == [
+        {
+            "key": "v2/raw/0.0",
+            "rule": "StoreUnavailable",
+            "message": "injected fault: get 'v2/raw/0.0'",
+        }
+    ]
+    assert doc["checked"] == {**clean, "chunks": clean["chunks"] - 1}  # not counted checked
+
+    code, out, _ = run(["validate", str(good)], capsys)
+    assert code == 3
+    assert "UNREADABLE v2/raw/0.0: injected fault: get 'v2/raw/0.0' [StoreUnavailable]\n" in out
+    assert out.endswith("; 1 could not be checked\n")
+    assert ": not fully checked; " in out
+    assert "valid" not in out  # neither "valid" nor "invalid"
+
+
+def test_validate_a_metadata_file_the_store_cannot_read_is_unreadable(
+    good: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Detection read it (``get_many``); the check's own read (``get``) fails."""
+    code, out, _ = run(["validate", "--json", str(good)], capsys)
+    clean = json.loads(out)["checked"]
+    faulty_source(monkeypatch, "v2/.zgroup", ops=("get",))
+    code, out, _ = run(["validate", "--json", str(good)], capsys)
+    assert code == 3
+    doc = json.loads(out)
+    assert [(f["key"], f["rule"]) for f in doc["unreadable"]] == [
+        ("v2/.zgroup", "StoreUnavailable")
+    ]
+    assert doc["checked"] == {**clean, "metadata": clean["metadata"] - 1}
+
+
+def test_validate_invalid_and_unreadable_exits_with_the_invalid_code(
+    good: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(good, bad)
+    (bad / "v2" / "raw" / "0.1").write_bytes(b"not zstd or blosc")
+    faulty_source(monkeypatch, "v2/raw/0.0")
+    code, out, _ = run(["validate", "--json", str(bad)], capsys)
+    assert code == EXIT_INVALID == 1
+    doc = json.loads(out)
+    assert [f["key"] for f in doc["invalid"]] == ["v2/raw/0.1"]
+    assert [f["key"] for f in doc["unreadable"]] == ["v2/raw/0.0"]
+    code, out, _ = run(["validate", str(bad)], capsys)
+    assert code == 1
+    assert "INVALID v2/raw/0.1: " in out
+    assert "UNREADABLE v2/raw/0.0: " in out
+    assert ": 1 invalid; " in out
+    assert out.endswith("; 1 could not be checked\n")
+
+
+def deflated_zip_of(folder: Path, archive: Path) -> None:
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as out:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                out.write(path, path.relative_to(folder).as_posix())
+
+
+def declare_smaller(archive: Path, name: str) -> None:
+    """Make the central directory declare ``name`` one byte shorter than it inflates to."""
+    data = bytearray(archive.read_bytes())
+    entry = struct.Struct("<4s6H3L5H2L")  # a central directory entry (APPNOTE 4.3.12)
+    at = data.find(b"PK\x01\x02")
+    while at >= 0:
+        fields = entry.unpack_from(data, at)
+        if data[at + entry.size : at + entry.size + fields[10]] == name.encode():
+            struct.pack_into("<L", data, at + 24, fields[9] - 1)  # uncompressed size
+            archive.write_bytes(data)
+            return
+        at = data.find(b"PK\x01\x02", at + 4)
+    raise AssertionError(f"{name} not in {archive}")
+
+
+def test_validate_a_zip_member_inflating_past_its_declared_size_is_unreadable(
+    good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    archive = tmp_path / "v2.zip"
+    deflated_zip_of(good / "v2", archive)
+    source = f"file://{archive}|zip:"
+    code, out, _ = run(["validate", "--json", source], capsys)
+    assert (code, json.loads(out)["unreadable"]) == (0, [])
+    declare_smaller(archive, "raw/0.0")
+    code, out, _ = run(["validate", "--json", source], capsys)
+    assert code == 3
+    doc = json.loads(out)
+    assert doc["invalid"] == []
+    [found] = doc["unreadable"]
+    assert (found["key"], found["rule"]) == ("raw/0.0", "StoreCorrupt")
+    assert "member 'raw/0.0' inflates past its declared size" in found["message"]
+    code, out, _ = run(["validate", source], capsys)
+    assert code == 3
+    assert "UNREADABLE raw/0.0: " in out
+    assert "1 could not be checked" in out
+
+
+def test_validate_help_states_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["validate", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Exit status: 0 when every metadata file and chunk was read and is valid" in text
+    assert "3 when nothing read is invalid but some files could not be read" in text
+    assert "When some files are invalid and others unreadable, the status is 1." in text
 
 
 def _plant(root: Path) -> dict[str, str]:

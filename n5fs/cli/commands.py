@@ -6,6 +6,11 @@ Both commands exit 2 when a local SOURCE (a directory, or the archive of a zip) 
 an absent path would otherwise read as an empty store, and "valid; checked 0 chunks" would
 pass a typo as a clean check. ``validate`` exits 1 when it found no group or array at all,
 unless ``--allow-empty``.
+
+``validate``'s exit status tells "the data is broken" from "the data could not be read":
+:data:`EXIT_INVALID` when a key was read and breaks its format, :data:`EXIT_UNREADABLE` when
+nothing read was invalid but some key could not be read or decoded (a store fault). A run
+that could not read a key never exits 0: it did not check everything.
 """
 
 from __future__ import annotations
@@ -30,8 +35,27 @@ if TYPE_CHECKING:
     from n5fs.kvstore.spec import StoreSpec
     from n5fs.validate import Report
 
+#: ``validate``: every metadata file and chunk was read, and is valid
+EXIT_VALID = 0
+#: ``validate``: something read is invalid (wins over :data:`EXIT_UNREADABLE`), or SOURCE
+#: holds no group or array (without ``--allow-empty``)
+EXIT_INVALID = 1
 #: exit status of ``detect`` and ``validate`` when they could not run
 EXIT_CANNOT_RUN = 2
+#: ``validate``: nothing read is invalid, but some keys could not be read or decoded
+EXIT_UNREADABLE = 3
+
+VALIDATE_EXIT_STATUS = f"""\
+Exit status: {EXIT_VALID} when every metadata file and chunk was read and is valid;
+{EXIT_INVALID} when something is invalid (or SOURCE holds no group or array at all, unless
+--allow-empty); {EXIT_CANNOT_RUN} when validate could not run (bad arguments, SOURCE does not
+exist, a listing of the store that kept failing); {EXIT_UNREADABLE} when nothing read is
+invalid but some files could not be read or decoded because of a store fault (I/O errors, a
+backend that kept failing, a zip member that cannot be extracted, a key deleted while
+validating): they are listed as UNREADABLE (--json: "unreadable", each with its error) and
+were not checked, so run validate again once the store answers. When some files are invalid
+and others unreadable, the status is {EXIT_INVALID}.
+"""
 
 
 def dtype_name(dtype: np.dtype[Any]) -> Any:
@@ -320,21 +344,32 @@ def run_validate(args: argparse.Namespace) -> int:
             "(no N5, Zarr or hdmf-zarr metadata; --allow-empty accepts that)",
             file=sys.stderr,
         )
-        return 1
-    return 0 if report.ok else 1
+    return validate_status(report, empty=empty, allow_empty=args.allow_empty)
+
+
+def validate_status(report: Report, *, empty: bool, allow_empty: bool) -> int:
+    """The exit status of a finished run (see :data:`VALIDATE_EXIT_STATUS`): invalid data
+    first, then unreadable data; :data:`EXIT_VALID` only when both lists are empty, so a key
+    that could not be read never passes as checked."""
+    if report.invalid or (empty and not allow_empty):
+        return EXIT_INVALID
+    if report.unreadable:
+        return EXIT_UNREADABLE
+    return EXIT_VALID
 
 
 def found_nothing(report: Report) -> bool:
-    """No group or array anywhere: every detected one has a metadata file, which is counted,
-    and a folder whose metadata could not be read is reported as invalid."""
-    return report.metadata == 0 and not report.invalid and not report.skipped
+    """No group or array anywhere: every detected one has a metadata file, which is counted
+    when read, reported as invalid when its folder's metadata is broken, and as unreadable
+    when it could not be read."""
+    return report.metadata == 0 and not report.invalid and not report.unreadable
 
 
 def _print_report(report: Report, url: str, *, empty: bool) -> None:
     for finding in sorted(report.invalid, key=lambda f: f.key):
         print(f"INVALID {finding.key}: {finding.message} [{finding.rule}]")
-    for finding in sorted(report.skipped, key=lambda f: f.key):
-        print(f"SKIPPED {finding.key}: {finding.message}")
+    for finding in sorted(report.unreadable, key=lambda f: f.key):
+        print(f"UNREADABLE {finding.key}: {finding.message} [{finding.rule}]")
     for leftover in report.leftovers:
         print(f"LEFTOVER {leftover.describe()}")
     if report.leftovers:
@@ -345,12 +380,16 @@ def _print_report(report: Report, url: str, *, empty: bool) -> None:
         )
     if empty:
         verdict = "no array found"
+    elif report.invalid:
+        verdict = f"{len(report.invalid)} invalid"
+    elif report.unreadable:
+        verdict = "not fully checked"  # never "valid": some bytes were not read
     else:
-        verdict = "valid" if report.ok else f"{len(report.invalid)} invalid"
+        verdict = "valid"
     print(
         f"{url}: {verdict}; checked {report.metadata} metadata files, "
         f"{report.chunks} chunks; {report.other} other keys not judged; "
-        f"{len(report.skipped)} skipped"
+        f"{len(report.unreadable)} could not be checked"
     )
 
 
@@ -383,9 +422,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="check every metadata file and chunk of a store (fsck)",
         description="Walk the detected hierarchy of SOURCE and check every metadata file and "
         "every chunk against its format's spec, in parallel with bounded memory. Shows progress "
-        "on a terminal. Exit 0 when all is valid, 1 when something is not (or when SOURCE holds "
-        "no group or array at all), 2 when it could not run (e.g. SOURCE does not exist). Keys "
-        "that are neither metadata nor chunks are counted, not judged.",
+        "on a terminal. Prints INVALID for a file whose bytes break its format, UNREADABLE for "
+        "one that could not be read or decoded (a store fault: it was not checked). Keys that "
+        "are neither metadata nor chunks are counted, not judged.",
+        epilog=VALIDATE_EXIT_STATUS,
     )
     p.add_argument("source", metavar="SOURCE", help="URL or JSON kvstore spec (see n5fs --help)")
     p.add_argument(

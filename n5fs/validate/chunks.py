@@ -23,6 +23,11 @@ Memory stays bounded: at most ``2 * jobs`` batches are submitted and not finishe
 holding at most :data:`BATCH_BYTES` of chunk bytes (or one larger chunk) while it runs; the
 caller blocks in :meth:`ChunkChecker.add` until a slot is free.
 
+What a worker cannot read is reported, never lost: a key whose bytes the store cannot give
+(any :class:`N5fsError` other than a refusal, or an ``OSError`` a local store let through, or
+a key gone since it was listed) becomes an ``unreadable`` finding of :class:`Report`, so the
+run is not called valid; only a refusal of the bytes themselves is ``invalid``.
+
 Lock discipline: batches are built and submitted by the caller's thread only (``_batch``,
 ``_pending`` are not shared); workers touch shared state only through :meth:`Report.add` and
 ``_count``, both under the report's lock.
@@ -34,7 +39,7 @@ import os
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from itertools import groupby
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from n5fs.errors import N5fsError, Rejected
 from n5fs.validate.report import Finding, finding
@@ -63,6 +68,16 @@ _READ_MORE = 1 << 16
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 #: a folder whose chunks are opened relative to it
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+#: errors that make a key unreadable rather than end the run: every n5fs error (a refusal
+#: is told apart where it can occur) and the ``OSError`` a local store's read lets through
+#: (EIO, EACCES); anything else is a bug and ends the run
+STORE_FAULTS = (N5fsError, OSError)
+#: the reason of a key that was listed but is gone when read (deleted since, e.g. by a
+#: writer still at work): its bytes were never seen, so it is unreadable, not valid
+VANISHED = "vanished while validating (listed, then gone when read)"
+
+#: why a key has no bytes to judge
+Unread: TypeAlias = N5fsError | OSError
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +93,9 @@ class ChunkJob:
 @dataclass(frozen=True, slots=True)
 class ChunkVerdict:
     finding: Finding
-    #: the chunk could not be judged (store fault), as opposed to judged invalid
-    skipped: bool
+    #: the chunk could not be read or decoded (a store fault): not checked, as opposed to
+    #: read and judged invalid
+    unreadable: bool
 
 
 class ChunkChecker:
@@ -148,19 +164,19 @@ class ChunkChecker:
     def _check_batch(self, batch: list[ChunkJob]) -> None:
         fetched = self._fetch_batch(batch)
         invalid: list[Finding] = []
-        skipped: list[Finding] = []
+        unreadable: list[Finding] = []
         for job in batch:
             verdict = judge(job, fetched.pop(job.key))
             if verdict is not None:
-                (skipped if verdict.skipped else invalid).append(verdict.finding)
+                (unreadable if verdict.unreadable else invalid).append(verdict.finding)
         nbytes = sum(job.size for job in batch)
-        self.report.add_chunks(len(batch), nbytes, invalid, skipped, self.progress)
+        self.report.add_chunks(len(batch), nbytes, invalid, unreadable, self.progress)
 
-    def _fetch_batch(self, batch: list[ChunkJob]) -> dict[str, bytes | N5fsError]:
+    def _fetch_batch(self, batch: list[ChunkJob]) -> dict[str, bytes | Unread]:
         """Local files read directly, folder by folder; the other keys with one ``get_many``,
         and if that fails (one key's fault fails them all), each key alone, so only the
-        faulty key is skipped."""
-        fetched: dict[str, bytes | N5fsError] = {}
+        faulty key is unreadable. Every key of ``batch`` gets its bytes or its error."""
+        fetched: dict[str, bytes | Unread] = {}
         remote: list[str] = []
         for folder, jobs in groupby(batch, _folder_of):
             self._read_local(folder, list(jobs), fetched, remote)
@@ -169,7 +185,7 @@ class ChunkChecker:
         try:
             got = self.store.get_many(remote)
             fetched.update((key, _present(got.get(key))) for key in remote)
-        except N5fsError:
+        except STORE_FAULTS:
             fetched.update((key, self._get_alone(key)) for key in remote)
         return fetched
 
@@ -177,7 +193,7 @@ class ChunkChecker:
         self,
         folder: str,
         jobs: list[ChunkJob],
-        fetched: dict[str, bytes | N5fsError],
+        fetched: dict[str, bytes | Unread],
         remote: list[str],
     ) -> None:
         """The chunks of ``folder`` that have a local file go to ``fetched``, the others (no
@@ -201,10 +217,10 @@ class ChunkChecker:
         finally:
             os.close(directory)
 
-    def _get_alone(self, key: str) -> bytes | N5fsError:
+    def _get_alone(self, key: str) -> bytes | Unread:
         try:
             return _present(self.store.get(key))
-        except N5fsError as exc:
+        except STORE_FAULTS as exc:
             return exc
 
 
@@ -235,18 +251,20 @@ def _read_file(directory: int, name: str, size: int) -> bytes | None:
         os.close(fd)
 
 
-def _present(data: bytes | None) -> bytes | N5fsError:
-    return N5fsError("vanished while validating") if data is None else data
+def _present(data: bytes | None) -> bytes | Unread:
+    return N5fsError(VANISHED) if data is None else data
 
 
-def judge(job: ChunkJob, data: bytes | N5fsError) -> ChunkVerdict | None:
-    """None for a valid chunk."""
-    if isinstance(data, N5fsError):
-        return ChunkVerdict(finding(job.key, data), skipped=True)
+def judge(job: ChunkJob, data: bytes | Unread) -> ChunkVerdict | None:
+    """None for a valid chunk; an unreadable verdict for a read that failed (``data`` is
+    its error) or a check that failed for another reason than the bytes (any error but
+    :class:`Rejected`); an invalid one only when the bytes were read and refused."""
+    if not isinstance(data, bytes):
+        return ChunkVerdict(finding(job.key, data), unreadable=True)
     try:
         job.array.validate_chunk(job.position, data, path=job.key)
     except Rejected as exc:
-        return ChunkVerdict(finding(job.key, exc), skipped=False)
-    except N5fsError as exc:
-        return ChunkVerdict(finding(job.key, exc), skipped=True)
+        return ChunkVerdict(finding(job.key, exc), unreadable=False)
+    except N5fsError as exc:  # not an OSError: decoding reads no store, so that is a bug
+        return ChunkVerdict(finding(job.key, exc), unreadable=True)
     return None

@@ -5,7 +5,10 @@ sub-folders) and classifies every key; chunks go to :class:`~n5fs.validate.chunk
 as they are listed, so reads and decoding on the workers overlap the listing. Only counters
 and findings grow with the store; chunk bytes stay within the checker's bounded window. Keys
 that are neither metadata nor chunks (README files, temp files of writers) are counted, not
-judged. A store fault on one key is reported as skipped, not fatal.
+judged. A store fault on one key (it cannot be read, or is gone since it was listed) makes
+that key ``unreadable``, not fatal and never valid: the run goes on, and its report is not
+:attr:`~n5fs.validate.report.Report.ok`. A fault that stops the walk itself (a listing that
+keeps failing) ends the run with the error: nothing is reported for keys never listed.
 
 What each key is comes from :mod:`n5fs.classify`, the classifier the mount's commits use, so
 ``validate`` and the mount give one verdict per key: a key the mount would refuse is reported
@@ -27,7 +30,7 @@ from n5fs.errors import N5fsError, Rejected
 from n5fs.formats.base import KeyKind
 from n5fs.formats.registry import CONSOLIDATIONS
 from n5fs.kvstore.spec import ZipSpec
-from n5fs.validate.chunks import ChunkChecker, ChunkJob
+from n5fs.validate.chunks import STORE_FAULTS, VANISHED, ChunkChecker, ChunkJob
 from n5fs.validate.report import Finding, Progress, Report, finding
 
 if TYPE_CHECKING:
@@ -90,10 +93,12 @@ class Validator:
         return self.report
 
     def _find_leftovers(self, prefix: str) -> None:
+        """Leftovers are reported, not judged; a store that cannot list them makes the
+        prefix unreadable (under rule ``leftovers``): that part of the run was not done."""
         try:
             self.report.leftovers = list(self.store.leftovers(prefix))
-        except N5fsError as exc:
-            self.report.add(skipped=[Finding(prefix or "<root>", "leftovers", str(exc))])
+        except STORE_FAULTS as exc:
+            self.report.add(unreadable=[Finding(prefix or "<root>", "leftovers", str(exc))])
 
     # -- folders and metadata ----------------------------------------------------------------
 
@@ -115,7 +120,18 @@ class Validator:
     def _classify(self, info: KeyInfo, folder: Folder, chunks: ChunkChecker) -> None:
         # The folder being walked is this validator's detector's answer (nothing invalidates
         # it during a run): the classifier need not look it up again for the folder's keys.
-        verdict = self.classifier.classify(info.key, lambda: self._fetch(info.key), folder=folder)
+        try:
+            verdict = self.classifier.classify(
+                info.key, lambda: self._fetch(info.key), folder=folder
+            )
+        except Rejected:  # a verdict on bytes, never a fault: not reported as unreadable
+            raise
+        except STORE_FAULTS as exc:
+            # Classifying reads the store only for a name whose format depends on its content
+            # (an attributes.json outside an N5 hierarchy) or a folder not detected yet (a
+            # chunk sub-folder): a fault there leaves this key unchecked, not the run ended.
+            self.report.add(unreadable=[finding(info.key, exc)])
+            return
         if verdict.kind is KeyKind.CHUNK:
             array = verdict.array  # asked once: an isinstance check against an ABC each time
             assert array is not None
@@ -129,14 +145,16 @@ class Validator:
             self.report.other += 1
 
     def _check_metadata(self, verdict: Verdict) -> None:
-        self.report.metadata += 1
+        """Counted as checked only once read; one that cannot be read is unreadable."""
         try:
             node = self.classifier.check(verdict, self._fetch(verdict.key))
         except Rejected as exc:
+            self.report.metadata += 1
             self.report.add(invalid=[finding(verdict.key, exc)])
-        except N5fsError as exc:
-            self.report.add(skipped=[finding(verdict.key, exc)])
+        except STORE_FAULTS as exc:
+            self.report.add(unreadable=[finding(verdict.key, exc)])
         else:
+            self.report.metadata += 1
             if node is not None:
                 self._documents[verdict.key] = node.raw
 
@@ -162,7 +180,7 @@ class Validator:
     def _fetch(self, key: str) -> bytes:
         data = self.store.get(key)
         if data is None:
-            raise N5fsError("vanished while validating")
+            raise N5fsError(VANISHED)
         return data
 
 
