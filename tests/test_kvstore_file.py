@@ -11,8 +11,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from n5fs.errors import AccessDenied, IsAPrefix, NotAPrefix, errno_of
+from n5fs.errors import AccessDenied, IsAPrefix, KeyNotFound, NotAPrefix, errno_of
 from n5fs.kvstore import open_store
+from n5fs.kvstore.base import Listing
 from n5fs.kvstore.file import PARTIAL_SUFFIX, FileStore
 from n5fs.kvstore.memory import MemoryStore
 
@@ -39,10 +40,45 @@ def test_symlink_out_of_root_is_never_followed(store: FileStore, tmp_path: Path)
     assert not (outside / "planted").exists()
 
 
-def test_symlink_inside_root_is_served(store: FileStore) -> None:
+def test_a_symlink_to_a_file_inside_the_root_is_that_file(store: FileStore) -> None:
+    store.set("real/a", b"1")
+    os.symlink(store.root / "real" / "a", store.root / "same")
+    assert store.get("same") == b"1"
+    info = store.stat("same")
+    assert info is not None
+    assert info.size == 1
+    assert store.list("").names() == ["same"]
+    assert sorted(i.key for i in store.walk("")) == ["real/a", "same"]
+
+
+def test_a_symlinked_folder_is_no_prefix(store: FileStore) -> None:
+    """A symlink to a folder, even inside the root, is never followed: not listed, nothing
+    below it reads, writes below it are refused as below a file, deletes find nothing."""
     store.set("real/a", b"1")
     os.symlink(store.root / "real", store.root / "alias")
-    assert store.get("alias/a") == b"1"
+    assert store.get("alias/a") is None
+    assert store.stat("alias/a") is None
+    assert store.local_path("alias/a") is None
+    assert store.nothing_at("alias/a")
+    assert store.list("").prefixes == ("real/",)
+    assert store.list("alias/") == store.list("alias/", delimiter=None) == Listing()
+    assert [i.key for i in store.walk("")] == ["real/a"]
+    for write in (
+        lambda: store.set("alias/b", b"2"),
+        lambda: store.make_prefix("alias/"),
+        lambda: store.make_prefix("alias/sub/"),
+        lambda: store.rename("real/a", "alias/c"),
+    ):
+        with pytest.raises(NotAPrefix):
+            write()
+    with pytest.raises(KeyNotFound):
+        store.rename("alias/a", "moved")
+    store.delete("alias/a")
+    assert store.delete_prefix("alias/") == 0
+    assert store.rename_prefix("alias/", "elsewhere/") == 0
+    store.remove_prefix("alias/")
+    assert sorted(os.listdir(store.root / "real")) == ["a"]
+    assert (store.root / "alias").is_symlink()
 
 
 def test_a_checked_folder_swapped_for_a_link_out_of_the_root_is_not_followed(
@@ -160,10 +196,10 @@ def test_nothing_at_is_sure_only_when_nothing_is_on_disk(store: FileStore, tmp_p
     (tmp_path / "outside").mkdir()
     os.symlink(tmp_path / "outside", store.root / "link")
     (store.root / "a" / f".c.1{PARTIAL_SUFFIX}").write_bytes(b"half")
-    for key in ("a/b/missing", "a/nowhere/c", "nowhere", "a/b/c/below"):
-        assert store.nothing_at(key), key
-    for key in ("a/b/c", "a/b", "a", "link", "link/x", f"a/.c.1{PARTIAL_SUFFIX}"):
-        assert not store.nothing_at(key), key  # something there, or a link on the way
+    for key in ("a/b/missing", "a/nowhere/c", "nowhere", "a/b/c/below", "link/x"):
+        assert store.nothing_at(key), key  # (nothing below a symlinked folder is a key)
+    for key in ("a/b/c", "a/b", "a", "link", f"a/.c.1{PARTIAL_SUFFIX}"):
+        assert not store.nothing_at(key), key  # something there: the listing decides
 
 
 def test_temp_files_are_hidden(store: FileStore) -> None:

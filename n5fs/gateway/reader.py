@@ -181,9 +181,10 @@ class ObjectReader:
 
         The file is opened below its checked folder with ``O_NOFOLLOW`` (one ``lstat`` of the
         folder, no ``lstat`` of the file first: every read-only open passes here); a link at
-        the name, or on the folder's path, goes to :meth:`KvStore.local_path`, which follows
-        it while it stays inside the root. ``O_NONBLOCK``: a FIFO planted at a chunk's name
-        is refused by the ``fstat`` below instead of blocking a FUSE thread in ``open``."""
+        the name, or on the folder's path, goes to :meth:`KvStore.local_path`, which decides
+        (the file store follows a link at the name to a file inside the root, never one on
+        the folder's path). ``O_NONBLOCK``: a FIFO planted at a chunk's name is refused by
+        the ``fstat`` below instead of blocking a FUSE thread in ``open``."""
         fd = self._open_below_folder(key)
         if fd is None:
             path = self.store.local_path(key)

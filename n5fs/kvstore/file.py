@@ -4,6 +4,18 @@
 (TensorStore's file driver is durable by default; zarr's ``_atomic_write`` is not: we are).
 A key never resolves outside the root, even through a symlink planted inside it.
 
+Symlinks in the folder are never followed as folders, so no loop in it (``ln -s . self``,
+``ln -s ../grp grp/up``) can be listed, walked or copied out of a mount, and each file is a
+key once. The rule, for every query, listing, walk and command alike:
+
+- a symlink to a regular file inside the root is that file: its key reads, lists and walks as
+  the file it leads to (an edit of the key replaces the link by a file, as any ``set`` does);
+- a symlink to a folder, even one inside the root, is no prefix: it is not listed, not walked,
+  and no key below it exists (reads miss; writes there are refused as below a file, NotAPrefix;
+  deletes find nothing); each such link is named once in a warning;
+- a symlink that dangles, leads out of the root or to anything else is no key either;
+- the root itself may be a symlink (it is resolved once).
+
 Durability is a choice (:class:`Durability`), atomicity is not: every ``set``/``put_file``
 goes through a temp file and a rename, so a reader sees the old value or the new one. With
 ``COMMIT`` (the store's default) each returns durable: the two fsyncs cost more than the write
@@ -23,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import logging
 import operator
 import os
 import shutil
@@ -73,6 +86,8 @@ __all__ = [
     "fsync_dir",
 ]
 
+log = logging.getLogger(__name__)
+
 _BY_KEY = operator.attrgetter("key")
 #: with deferred durability, at most this many written paths are remembered for a flush; past
 #: it the flush syncs the whole filesystem (or, without ``syncfs``, they are synced at once)
@@ -83,6 +98,8 @@ MAX_CHECKED_FOLDERS = 4096
 _LINKED = "\0linked"
 #: a folder opened to be listed (its entries stat-ed relative to it)
 _DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+#: symlinked folders a store names in a warning (past it, once more for all the others)
+MAX_WARNED_LINKS = 1000
 
 
 class Durability(str, enum.Enum):
@@ -115,6 +132,8 @@ class FileStore(KvStore):
         self._unsynced: dict[str, None] = {}  # paths set since the last flush (FSYNC), in order
         self._untracked = 0  # sets past MAX_UNSYNCED: the next flush syncs the filesystem
         self._unsynced_lock = threading.Lock()
+        #: keys of the symlinked folders already named in a warning (:meth:`_skip_folder_link`)
+        self._warned_links: set[str] = set()
 
     @classmethod
     def from_spec(cls, spec: FileSpec) -> FileStore:
@@ -147,15 +166,25 @@ class FileStore(KvStore):
 
     # -- queries -------------------------------------------------------------------------------
 
-    def _existing(self, key: str) -> str | None:
-        """The path of ``key``; None when a symlink would lead it out of the root (absent)."""
-        try:
-            return self._path(key)
-        except AccessDenied:
-            return None
+    def _through_link(self, folder: str) -> bool:
+        """A component of ``folder`` (a key without a trailing ``/``; ``""``: the root) is a
+        symlink: nothing below it is in the store (symlinked folders are not followed)."""
+        if not folder:
+            return False
+        real_root = self._resolved_root()
+        return real_root is not None and self._checked_folder(real_root, folder) is _LINKED
+
+    def _refuse_below_link(self, key: str) -> None:
+        """NotAPrefix where a symlinked folder is on ``key``'s path: a write there would land
+        in a folder the store does not list (a set that no get could read back)."""
+        if self._through_link(key.rstrip("/").rpartition("/")[0]):
+            raise NotAPrefix(
+                f"cannot store {key!r}: a symlink is in the way of its folder "
+                "(symlinked folders are not followed)"
+            )
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        path = self._existing(key)
+        path = self.local_path(key)
         if path is None:
             return None
         try:
@@ -170,8 +199,9 @@ class FileStore(KvStore):
             return None
 
     def local_path(self, key: str) -> str | None:
-        """The file of ``key``, None when absent or when a link leads it out of the root (as
-        :meth:`get` decides). Every open of a mount asks; see :meth:`_resolve` for its cost."""
+        """The file of ``key``, None when absent, below a symlinked folder, or a link that is
+        no key (see the module's rule). :meth:`get` reads it; every open of a mount asks; see
+        :meth:`_resolve` for its cost."""
         found = self._resolve(key)
         return None if found is None else found[0]
 
@@ -192,46 +222,41 @@ class FileStore(KvStore):
                 self._check_inside(self._root, "")  # sets it once the root exists
         return self._real_root
 
-    def _resolve(self, key: str) -> tuple[str, os.stat_result | None] | None:
-        """``key``'s path and, unless a link had to be followed, its ``lstat``; None as in
-        :meth:`local_path`.
+    def _resolve(self, key: str) -> tuple[str, os.stat_result] | None:
+        """``key``'s path and its ``lstat`` (for a link at the name, the ``stat`` of the file
+        it leads to); None as in :meth:`local_path`.
 
         Cost: an ``lstat`` of the key's folder and one of the file. The folder's path was
         walked once, an ``lstat`` per component below the resolved root (only the key's own
         components can be links), and its (device, inode) remembered; later it counts as
-        checked while its path still leads to that directory. A directory inside the root
-        moved out and replaced by a link still holds only what was inside the root. A link
-        anywhere falls back to the full ``realpath`` check; no ``realpath`` otherwise."""
-        real_root = self._real_root
+        checked while its path still leads to that directory. A link on the folder's path
+        makes the key absent (symlinked folders are not followed: no ``realpath`` either);
+        a link at the name costs a ``realpath`` and a ``stat`` (:meth:`_linked_stat`)."""
+        real_root = self._resolved_root()
         if real_root is None:
-            path = self._existing(key)  # resolves the root once it exists
-            return None if path is None else (path, None)
-        path = self._entry_path(real_root, key)
-        if path is None:
+            self._key(key)  # a bad key is refused even before the root exists
             return None
-        if path is _LINKED:
-            linked = self._existing(key)
-            return None if linked is None else (linked, None)
+        path = self._entry_path(real_root, key)
+        if path is None or path is _LINKED:
+            return None
         try:
             st = os.lstat(path)
         except OSError:
             return None
         if stat_mod.S_ISLNK(st.st_mode):
-            linked = self._existing(key)
-            return None if linked is None else (linked, None)
+            linked = self._linked_stat(path, key)
+            return None if linked is None else (path, linked)
         return path, st
 
     def nothing_at(self, key: str) -> bool:
-        """Nothing on disk at ``key``: a component of its folder is missing (or a file), or
-        an ``lstat`` of it finds no entry. False where a link is on the way (unsure)."""
+        """Nothing in the store at ``key``: a component of its folder is missing, a file or
+        a symlink (not followed), or an ``lstat`` of it finds no entry."""
         real_root = self._resolved_root()
         if real_root is None:
             return not os.path.lexists(self._root)  # no root yet: no keys either
         path = self._entry_path(real_root, key)
-        if path is None:
+        if path is None or path is _LINKED:
             return True
-        if path is _LINKED:
-            return False
         try:
             os.lstat(path)
         except FileNotFoundError:
@@ -287,12 +312,7 @@ class FileStore(KvStore):
         found = self._resolve(key)
         if found is None:
             return None
-        path, st = found
-        if st is None:
-            try:
-                st = os.stat(path)
-            except (FileNotFoundError, NotADirectoryError):
-                return None
+        st = found[1]
         if not stat_mod.S_ISREG(st.st_mode):
             return None
         return KeyInfo(key, st.st_size, st.st_mtime)
@@ -316,9 +336,11 @@ class FileStore(KvStore):
         if directory is None:
             return Listing()
         try:
-            fd = os.open(directory, _DIR_OPEN)
-        except (FileNotFoundError, NotADirectoryError):
-            return Listing()
+            fd = os.open(directory, _DIR_OPEN | (os.O_NOFOLLOW if base else 0))
+        except OSError as exc:  # gone, or a file or a link since it was checked
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return Listing()
+            raise
         keys: list[KeyInfo] = []
         prefixes: list[str] = []
         try:
@@ -347,30 +369,56 @@ class FileStore(KvStore):
         return Listing(tuple(keys), tuple(prefixes))
 
     def _listed_folder(self, base: str) -> str | None:
-        """The path of folder ``base`` (``""`` or ``"a/b/"``) to list; None when a link on
-        its path leads out of the root."""
+        """The path of folder ``base`` (``""`` or ``"a/b/"``) to list; None when a component
+        is missing, a file, or a symlink (a symlinked folder is not followed: nothing there)."""
         if not base:
             return self._root
-        real_root = self._real_root
-        if real_root is not None:
-            checked = self._checked_folder(real_root, base[:-1])
-            if checked is not _LINKED:
-                return checked  # (None: a component is missing or a file: nothing to list)
-        directory = os.path.join(self._root, base)
-        try:
-            self._check_inside(directory, base)
-        except AccessDenied:
+        real_root = self._resolved_root()
+        if real_root is None:
             return None
-        return directory
+        checked = self._checked_folder(real_root, base[:-1])
+        return None if checked is _LINKED else checked
 
     def _linked_stat(self, path: str, key: str) -> os.stat_result | None:
-        """What the link at ``path`` leads to; None when it dangles or leads out of the root
-        (then it is not part of the store)."""
+        """What the symlink at ``path`` (key ``key``) reads as: the ``stat`` of the regular
+        file it leads to inside the root. None for anything else, which is then no key: a
+        link that dangles or leads out of the root, and a link to a folder, which is never
+        followed (named once in a warning: a loop such as ``ln -s . self`` is the usual one)."""
         try:
             self._check_inside(path, key)
-            return os.stat(path)
+            st = os.stat(path)
         except (OSError, AccessDenied):
             return None
+        if stat_mod.S_ISREG(st.st_mode):
+            return st
+        if stat_mod.S_ISDIR(st.st_mode):
+            self._skip_folder_link(key, path)
+        return None
+
+    def _skip_folder_link(self, key: str, path: str) -> None:
+        """Name the skipped symlinked folder at ``path`` once per store, then at debug level
+        (a bounded set; racing listings may name one twice, which is harmless)."""
+        try:
+            text = os.readlink(path)
+        except OSError:
+            text = "?"  # replaced since
+        warned = self._warned_links
+        if key in warned or len(warned) > MAX_WARNED_LINKS:
+            log.debug("symlinked folder %r -> %r not followed", key, text)
+            return
+        warned.add(key)
+        if len(warned) > MAX_WARNED_LINKS:
+            log.warning(
+                "over %d symlinked folders skipped; the rest at debug level", MAX_WARNED_LINKS
+            )
+            return
+        log.warning(
+            "%s: symlink %r -> %r is a folder: not listed or followed (n5fs never follows a "
+            "symlink as a folder)",
+            self._root,
+            key,
+            text,
+        )
 
     def _scan(self, base: str) -> Iterator[tuple[os.DirEntry[str], os.stat_result]]:
         directory = os.path.join(self._root, base)
@@ -397,8 +445,9 @@ class FileStore(KvStore):
 
     def _walk_from(self, base: str, start: str) -> Sequence[KeyInfo]:
         """Every key below folder ``base`` whose name there starts with ``start``, unordered:
-        the keys :meth:`_scan` would find folder by folder, at less cost per key."""
-        return walk_keys(self._root, base, start, self._check_inside)
+        the keys :meth:`_list_dir` would find folder by folder, at less cost per key; no
+        symlink is walked into (:mod:`~n5fs.kvstore.localwalk`)."""
+        return walk_keys(self._listed_folder(base), base, start, self._linked_stat)
 
     # -- commands ------------------------------------------------------------------------------
 
@@ -422,6 +471,7 @@ class FileStore(KvStore):
                         return path
         path = self._path(key)
         self._check_writable(key)
+        self._refuse_below_link(key)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
         except (FileExistsError, NotADirectoryError) as exc:
@@ -515,17 +565,20 @@ class FileStore(KvStore):
         fsync_dir(os.path.dirname(target))
 
     def copy(self, src: str, dst: str) -> None:
-        source = self._path(src)
-        if not os.path.isfile(source):
+        found = self._resolve(src)
+        if found is None or not stat_mod.S_ISREG(found[1].st_mode):
             raise KeyNotFound(src)
+        source, st = found
         self.put_file(dst, source)
-        st = os.stat(source)  # a copy keeps the time, as S3's does (rename = copy + delete)
+        # a copy keeps the time, as S3's does (rename = copy + delete)
         os.utime(self._path(dst), ns=(st.st_atime_ns, st.st_mtime_ns))
 
     def set_mtime(self, key: str, mtime: float) -> None:
         """``os.utime`` (the access time stays); KeyNotFound if ``key`` is no file."""
         path = self._path(key)
         self._check_writable(key)
+        if self._through_link(key.rpartition("/")[0]):
+            raise KeyNotFound(f"cannot set the time of {key!r}: absent (below a symlink)")
         try:
             st = os.stat(path)
             if not stat_mod.S_ISREG(st.st_mode):
@@ -537,6 +590,8 @@ class FileStore(KvStore):
     def delete(self, key: str) -> None:
         path = self._path(key)
         self._check_writable(key)
+        if self._through_link(key.rpartition("/")[0]):
+            return  # nothing below a symlinked folder is a key
         try:
             os.unlink(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -551,6 +606,8 @@ class FileStore(KvStore):
         self._check_writable(prefix or "<root>")
         if prefix and not prefix.endswith("/"):
             return super().delete_prefix(prefix)
+        if self._through_link(prefix[:-1]):
+            return 0  # a symlinked folder holds no keys: nothing is removed through it
         count = sum(1 for _ in self._walk_from(prefix, ""))
         directory = os.path.join(self._root, dir_prefix(prefix))
         if prefix:
@@ -566,9 +623,10 @@ class FileStore(KvStore):
 
     def rename(self, src: str, dst: str) -> None:
         """``os.replace``: atomic on one filesystem, and no bytes copied."""
-        source = self._path(src)
-        if not os.path.isfile(source):
+        found = self._resolve(src)
+        if found is None or not stat_mod.S_ISREG(found[1].st_mode):
             raise KeyNotFound(src)
+        source = found[0]
         target = self._prepare(dst)
         os.replace(source, target)
         fsync_dir(os.path.dirname(target))
@@ -581,6 +639,9 @@ class FileStore(KvStore):
             return super().rename_prefix(src, dst)
         self._check_writable(dst)
         source, target = self._path(src.rstrip("/")), self._path(dst.rstrip("/"))
+        if self._through_link(src[:-1]):
+            return 0  # a symlinked folder holds no keys: it is not moved either
+        self._refuse_below_link(dst)
         count = sum(1 for _ in self._walk_from(src, ""))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         try:
@@ -598,6 +659,8 @@ class FileStore(KvStore):
         """Create an empty folder (``mkdir`` on a mount over this store)."""
         path = self._path(prefix.rstrip("/"))
         self._check_writable(prefix)
+        if self._through_link(prefix.rstrip("/")):
+            raise NotAPrefix(f"cannot make folder {prefix!r}: a symlink is in the way")
         try:
             os.makedirs(path, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as exc:
@@ -608,6 +671,8 @@ class FileStore(KvStore):
         """Remove an empty folder (``rmdir``); a folder with files in it stays."""
         path = self._path(prefix.rstrip("/"))
         self._check_writable(prefix)
+        if self._through_link(prefix.rstrip("/")):
+            return  # a symlinked folder is no folder of the store: nothing to remove
         try:
             os.rmdir(path)
         except FileNotFoundError:
