@@ -445,22 +445,3 @@ def test_failed_multipart_leaves_nothing_behind(spec: S3Spec, client: Any) -> No
     assert _upload_ids(client, spec.bucket) == {}
     assert UploadJournal().writers() == {}
     store.close()
-
-
-def test_a_silent_endpoint_fails_fast_until_its_cooldown_ends() -> None:
-    from botocore import exceptions as bce
-
-    from n5fs.errors import StoreUnavailable
-    from n5fs.kvstore.s3_errors import SilentEndpoint
-
-    now = [100.0]
-    breaker = SilentEndpoint("s3://b/ at http://x", cooldown=10.0, clock=lambda: now[0])
-    breaker._before_call()  # nothing known: requests go out
-    breaker._after_error(exception=bce.ClientError({"Error": {"Code": "NoSuchKey"}}, "Get"))
-    breaker._before_call()  # an answer, even an error, is not silence
-    breaker._after_error(exception=bce.ReadTimeoutError(endpoint_url="http://x"))
-    now[0] += 9.0
-    with pytest.raises(StoreUnavailable, match="did not answer a request 9 s ago"):
-        breaker._before_call()
-    now[0] += 1.5
-    breaker._before_call()  # the cooldown is over: ask again

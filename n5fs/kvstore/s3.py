@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -39,15 +40,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from boto3.exceptions import S3UploadFailedError
 from botocore import exceptions as bce
 
-from n5fs.errors import InvalidSource, KeyNotFound, N5fsError, NotSupported
-from n5fs.kvstore import s3_conditional, s3_uploads
+from n5fs.errors import InvalidSource, KeyNotFound, N5fsError, NotSupported, StoreUnavailable
+from n5fs.kvstore import s3_conditional, s3_integrity, s3_retries, s3_uploads
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned, slice_bytes
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix
 from n5fs.kvstore.s3_client import checksum_args, client_for, transfer_config
 from n5fs.kvstore.s3_errors import (
     ABSENT,
     EMPTY_RANGE,
-    SilentEndpoint,
     error_code,
     translate,
     unwrapped,
@@ -70,6 +70,8 @@ MULTIPART_THRESHOLD = 16 * MiB
 PART_SIZE = 16 * MiB
 #: the largest object a single CopyObject may copy; above it, a multipart copy
 SINGLE_COPY_LIMIT = 5 * 1024 * MiB
+#: attempts of one write whose answer shows other bytes stored than sent
+PUT_ATTEMPTS = 3
 #: S3 caps DeleteObjects at 1,000 keys
 _DELETE_BATCH = 1000
 #: keys per request of a :meth:`S3Store.walk` (S3's cap, asked for explicitly so that an
@@ -109,7 +111,7 @@ class S3Store(KvStore):
         self._spec = spec
         self._prefix = dir_prefix(spec.path) if spec.path else ""
         self._client = client_for(spec, max_workers)
-        SilentEndpoint(self.where).attach(self._client)
+        self._silent, self.throttle = s3_retries.attach(self._client, self.where, spec.max_attempts)
         self._max_workers = max_workers
         self._threshold = multipart_threshold
         self._part_size = part_size
@@ -185,37 +187,43 @@ class S3Store(KvStore):
     # -- queries ----------------------------------------------------------------------------
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        full = self._full(key)
         if byte_range is not None and byte_range.length == 0:
             return None if self.stat(key) is None else b""
-        extra = {"Range": byte_range.http_header()} if byte_range is not None else {}
-        with self._errors(key):
-            try:
-                response = self._call("get_object", Key=full, **extra)
-            except bce.ClientError as exc:
-                code = error_code(exc)
-                if code in ABSENT:
-                    return None
-                if code in EMPTY_RANGE:
-                    return b""
-                raise
-            data: bytes = response["Body"].read()
-        if byte_range is not None and "ContentRange" not in response:
+        read = self._read(key, byte_range.http_header() if byte_range is not None else None)
+        if read is None:
+            return None
+        answer, data = read
+        if byte_range is not None and "ContentRange" not in answer:
             data = slice_bytes(data, byte_range)  # a server that ignored the Range header
         return data
 
     def get_versioned(self, key: str) -> Versioned | None:
         """One GetObject: the body and the ETag it was read at (quoted, as S3 gives it)."""
+        read = self._read(key, None)
+        if read is None:
+            return None
+        answer, data = read
+        return Versioned(data, answer.get("ETag"))
+
+    def _read(self, key: str, range_header: str | None) -> tuple[dict[str, Any], bytes] | None:
+        """A GET read whole, resumed and checked (:func:`~n5fs.kvstore.s3_integrity.read_body`);
+        None for an absent key, empty bytes for a range past the end."""
         full = self._full(key)
         with self._errors(key):
             try:
-                response = self._call("get_object", Key=full)
+                return s3_integrity.read_body(
+                    lambda **args: self._call("get_object", Key=full, **args),
+                    key,
+                    self.where,
+                    range_header,
+                )
             except bce.ClientError as exc:
-                if error_code(exc) in ABSENT:
+                code = error_code(exc)
+                if code in ABSENT:
                     return None
+                if code in EMPTY_RANGE and range_header is not None:
+                    return {}, b""
                 raise
-            data: bytes = response["Body"].read()
-        return Versioned(data, response.get("ETag"))
 
     def stat(self, key: str) -> KeyInfo | None:
         """Size and time from a HEAD: the ``mtime`` metadata if any, else LastModified."""
@@ -312,22 +320,89 @@ class S3Store(KvStore):
             self._put(self._full(key), value, {}, {MTIME_META: format_mtime(mtime)})
         return True
 
-    def _put(self, full: str, value: bytes, condition: dict[str, str], meta: Meta = None) -> Any:
-        """One PUT, or a multipart upload above the threshold (``condition`` on its
-        CompleteMultipartUpload, ``meta`` user metadata); the answer that made the object."""
-        if len(value) < self._threshold:
+    def _put(
+        self, full: str, value: bytes | memoryview, condition: dict[str, str], meta: Meta = None
+    ) -> Any:
+        """Store ``value`` and return the answer that made the object: one PUT, or a
+        multipart upload above the threshold (``condition`` on its CompleteMultipartUpload,
+        ``meta`` user metadata). Acknowledged only once the store is known to hold exactly
+        these bytes (:mod:`~n5fs.kvstore.s3_integrity`): an answer showing other bytes is a
+        failed attempt, a failure whose outcome is unknown is resolved by a HEAD."""
+        view = memoryview(value).cast("B")
+        if len(view) < self._threshold:
+            digests = [s3_integrity.Digest(view)]
             extra = {"Metadata": meta} if meta else {}
-            return self._call("put_object", Key=full, Body=bytes(value), **condition, **extra)
-        return s3_uploads.upload_in_parts(
-            self._call,
-            self._executor(),
-            full,
-            memoryview(value).cast("B"),
-            self._part_size,
-            checksum_args(self._client),
-            metadata=meta,
-            **condition,
+
+            def send(cond: dict[str, str]) -> Any:
+                sums = {"ContentMD5": digests[0].content_md5, "ChecksumCRC32": digests[0].crc32}
+                return self._call("put_object", Key=full, Body=bytes(view), **sums, **cond, **extra)
+
+        else:
+            digests = s3_uploads.part_digests(view, self._part_size)
+
+            def send(cond: dict[str, str]) -> Any:
+                return s3_uploads.upload_in_parts(
+                    self._call,
+                    self._executor(),
+                    full,
+                    view,
+                    self._part_size,
+                    digests,
+                    checksum_args(self._client),
+                    metadata=meta,
+                    **cond,
+                )
+
+        multipart = len(view) >= self._threshold
+        etag = s3_integrity.expected_etag(digests, multipart=multipart)
+        crc32 = None if multipart else digests[0].crc32
+        for attempt in range(1, PUT_ATTEMPTS + 1):
+            try:
+                answer = send(condition)
+            except (bce.BotoCoreError, bce.ClientError) as exc:
+                if self._resolvable(exc) and self._holds(full, etag, crc32):
+                    log.info("s3: %r landed although its answer was lost (%s)", full, exc)
+                    return {"ETag": etag}
+                raise
+            if s3_integrity.stored_exactly(answer, etag, crc32) is not False:
+                return answer
+            log.warning(
+                "s3: %r stored other bytes than sent (ETag %s, sent %s; attempt %d of %d)",
+                full,
+                answer.get("ETag"),
+                etag,
+                attempt,
+                PUT_ATTEMPTS,
+            )
+            if condition:
+                condition = s3_conditional.conditions(answer.get("ETag"))  # replace our own
+        raise StoreUnavailable(
+            f"s3: {full!r} in {self.where}: the endpoint stored other bytes than sent "
+            f"{PUT_ATTEMPTS} times (ETags differ from the MD5 of the bytes)"
         )
+
+    def _resolvable(self, exc: BaseException) -> bool:
+        """Whether a failed write may have landed all the same: the connection broke, or an
+        error answered a retry (an earlier attempt may have landed: a retried create is then
+        refused as a conflict). Not a first attempt's answer: nothing landed before it. Not
+        while the endpoint is silent: the HEAD could not answer either."""
+        if self._silent.silent:
+            return False
+        if isinstance(exc, bce.ClientError):
+            return int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) > 0
+        return isinstance(exc, s3_retries.BROKEN)
+
+    def _holds(self, full: str, etag: str, crc32: str | None) -> bool:
+        def head() -> dict[str, Any] | None:
+            try:
+                answer: dict[str, Any] = self._call("head_object", Key=full, ChecksumMode="ENABLED")
+            except bce.ClientError as exc:
+                if error_code(exc) in ABSENT:
+                    return None
+                raise
+            return answer
+
+        return s3_integrity.holds(head, etag, crc32)
 
     def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
         """A PUT with ``If-Match: version`` (``If-None-Match: *`` for None); above the
@@ -352,20 +427,31 @@ class S3Store(KvStore):
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Stream a local file up; boto3 goes multipart above the threshold (and aborts on
         failure), reading one part per worker at a time, so memory stays bounded."""
-        self._upload(key, path, {})
+        self._upload(key, path, None)
 
     def put_file_with_mtime(self, key: str, path: str | os.PathLike[str], mtime: float) -> bool:
-        self._upload(key, path, {"Metadata": {MTIME_META: format_mtime(mtime)}})
+        self._upload(key, path, {MTIME_META: format_mtime(mtime)})
         return True
 
-    def _upload(self, key: str, path: str | os.PathLike[str], extra: dict[str, Any]) -> None:
+    def _upload(self, key: str, path: str | os.PathLike[str], meta: Meta) -> None:
+        """The file's bytes through :meth:`_put` (checked like any value): read whole below
+        the multipart threshold, mapped above it (parts are copied a window at a time), so
+        memory stays bounded."""
         self._check_writable(key)
-        config = transfer_config(self._threshold, self._part_size)
-        args = {**self._payer, **extra} or None
-        with self._errors(key):
-            self._client.upload_file(
-                os.fspath(path), self._spec.bucket, self._full(key), ExtraArgs=args, Config=config
-            )
+        full = self._full(key)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < self._threshold:
+                with self._errors(key):
+                    self._put(full, f.read(), {}, meta)
+                return
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                view = memoryview(mapped)
+                try:
+                    with self._errors(key):
+                        self._put(full, view, {}, meta)
+                finally:
+                    view.release()
 
     def delete(self, key: str) -> None:
         full = self._full(key)

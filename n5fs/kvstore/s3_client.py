@@ -64,7 +64,8 @@ def client_for(spec: S3Spec, max_workers: int) -> Any:
     managed copy), so neither waits on a socket held by the other.
     """
     config = Config(
-        retries={"total_max_attempts": spec.max_attempts, "mode": "standard"},
+        # one attempt: the retries are n5fs's own (:mod:`~n5fs.kvstore.s3_retries`)
+        retries={"total_max_attempts": 1, "mode": "standard"},
         connect_timeout=spec.connect_timeout,
         read_timeout=spec.read_timeout,
         max_pool_connections=max_workers + TRANSFER_THREADS,

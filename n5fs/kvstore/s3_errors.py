@@ -6,8 +6,7 @@
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from boto3.exceptions import S3UploadFailedError
 from botocore import exceptions as bce
@@ -23,7 +22,7 @@ from n5fs.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
 
 #: S3 error codes (and bare HTTP statuses, which HEAD answers carry) -> our error classes
 ERROR_CODES: Mapping[str, type[N5fsError]] = {
@@ -131,57 +130,3 @@ def translate(exc: BaseException, where: str, key: str = "") -> N5fsError:
         return cls(f"s3 bucket does not exist: {where} (NoSuchBucket)")
     what = f" for key {key!r}" if key else ""
     return cls(f"s3 {code}{what} in {where}: {exc}")
-
-
-class SilentEndpoint:
-    """Fail fast while the endpoint is known not to answer.
-
-    One request on a silent endpoint costs its whole timeout budget (connect, read, retries:
-    ~12 s by default), and one POSIX call may make several requests one after another (a
-    lookup of each path component: a LIST, then a detection round). Once a request has timed
-    out with all its retries, the next ``cooldown`` seconds of requests fail at once with
-    StoreUnavailable (EIO) instead of each waiting again; the first request after that asks
-    the endpoint again. So a call on a hung endpoint answers EIO within about one request's
-    budget, however many requests it would have made. Requests already waiting finish their
-    own timeouts.
-
-    State: one float (``_silent_until``), assigned and read whole (atomic under the GIL);
-    no lock. Hooked into the client's events, so every request counts: the store's own calls,
-    paginated LISTs and boto3's managed transfers alike.
-    """
-
-    _TIMEOUTS = (
-        bce.ConnectTimeoutError,
-        bce.ReadTimeoutError,
-        bce.EndpointConnectionError,
-        bce.ConnectionClosedError,
-    )
-
-    def __init__(
-        self, where: str, cooldown: float = 10.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.where = where
-        self.cooldown = cooldown
-        self.clock = clock
-        self._silent_until = 0.0
-        self._since = 0.0
-
-    def attach(self, client: Any) -> SilentEndpoint:
-        client.meta.events.register("before-call.s3", self._before_call)
-        client.meta.events.register("after-call-error.s3", self._after_error)
-        return self
-
-    def _before_call(self, **_: Any) -> None:
-        now = self.clock()
-        if now < self._silent_until:
-            raise StoreUnavailable(
-                f"s3 endpoint of {self.where} did not answer a request "
-                f"{now - self._since:.0f} s ago (timed out after its retries); failing at once "
-                f"for {self._silent_until - now:.0f} s more, then asking again"
-            )
-
-    def _after_error(self, exception: BaseException | None = None, **_: Any) -> None:
-        if isinstance(exception, self._TIMEOUTS):
-            now = self.clock()
-            self._since = now
-            self._silent_until = now + self.cooldown

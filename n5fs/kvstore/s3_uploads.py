@@ -37,11 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from n5fs.errors import StoreUnavailable
 from n5fs.kvstore import tempnames
+from n5fs.kvstore.s3_integrity import Digest, expected_etag, stored_exactly
 from n5fs.kvstore.tempnames import Leftover, Liveness, Writer
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ SUFFIX = ".uploads"
 MAX_PARTS = 10_000
 #: parts of one in-memory value in flight at once (each is a copy: botocore wants bytes)
 PARTS_IN_FLIGHT = 4
+#: sends of one part whose answer shows other bytes stored than sent
+PART_ATTEMPTS = 3
 #: the clock leftovers are aged by (tests replace it)
 now: Callable[[], float] = time.time
 
@@ -269,12 +273,24 @@ def owners_of(journals: Mapping[Writer, set[Upload]]) -> dict[Upload, Writer]:
 # -- uploading an in-memory value ------------------------------------------------------------
 
 
+def part_size_of(length: int, part_size: int) -> int:
+    """The size of the parts of a value of ``length`` bytes (at most :data:`MAX_PARTS`)."""
+    return max(part_size, -(-length // MAX_PARTS))
+
+
+def part_digests(data: memoryview, part_size: int) -> list[Digest]:
+    """The digest of each part ``data`` is uploaded in (what the answers are checked with)."""
+    size = part_size_of(len(data), part_size)
+    return [Digest(data[start : start + size]) for start in range(0, len(data), size)]
+
+
 def upload_in_parts(
     call: Callable[..., Any],
     pool: ThreadPoolExecutor,
     full: str,
     data: memoryview,
     part_size: int,
+    digests: Sequence[Digest],
     checksum: Mapping[str, str],
     *,
     metadata: Mapping[str, str] | None = None,
@@ -282,29 +298,48 @@ def upload_in_parts(
 ) -> dict[str, Any]:
     """Upload ``data`` as the object ``full`` in parts on ``pool``; complete only when all are
     in, else abort (and re-raise). ``call(method, **kwargs)`` adds bucket and payer;
+    ``digests`` are :func:`part_digests` of ``data``: each part carries its ``Content-MD5``
+    and an answer whose ETag is not that MD5 is sent again (then StoreUnavailable);
     ``complete_args`` go to CompleteMultipartUpload (a condition: ``IfMatch``/``IfNoneMatch``,
     which S3 checks there, so a refused one is aborted like any failure); ``metadata`` goes to
-    CreateMultipartUpload (the object's user metadata). Returns the answer
-    of CompleteMultipartUpload (its ``ETag``).
+    CreateMultipartUpload (the object's user metadata). Returns the answer of
+    CompleteMultipartUpload (its ``ETag``, which the caller checks).
 
     Parts go in windows of :data:`PARTS_IN_FLIGHT`: botocore needs ``bytes`` bodies, so each
     part in flight is a copy, and the windows bound that extra memory.
     """
-    size = max(part_size, -(-len(data) // MAX_PARTS))
+    size = part_size_of(len(data), part_size)
     meta = {"Metadata": dict(metadata)} if metadata else {}
     upload = call("create_multipart_upload", Key=full, **checksum, **meta)["UploadId"]
 
     def put_part(number: int) -> dict[str, Any]:
-        body = bytes(data[(number - 1) * size : number * size])
-        answer = call(
-            "upload_part", Key=full, UploadId=upload, PartNumber=number, Body=body, **checksum
-        )
+        digest = digests[number - 1]
+        for attempt in range(1, PART_ATTEMPTS + 1):
+            answer = call(
+                "upload_part",
+                Key=full,
+                UploadId=upload,
+                PartNumber=number,
+                Body=bytes(data[(number - 1) * size : number * size]),
+                ContentMD5=digest.content_md5,
+                **checksum,
+                **({"ChecksumCRC32": digest.crc32} if checksum else {}),
+            )
+            if stored_exactly(answer, expected_etag([digest]), digest.crc32) is not False:
+                break
+            log.warning(
+                "s3: part %d of %r stored other bytes than sent (attempt %d)", number, full, attempt
+            )
+        else:
+            raise StoreUnavailable(
+                f"s3: part {number} of {full!r} stored other bytes than sent {PART_ATTEMPTS} times"
+            )
         part = {"ETag": answer["ETag"], "PartNumber": number}
         if "ChecksumCRC32" in answer and checksum:
             part["ChecksumCRC32"] = answer["ChecksumCRC32"]
         return part
 
-    numbers = range(1, -(-len(data) // size) + 1)
+    numbers = range(1, len(digests) + 1)
     parts: list[dict[str, Any]] = []
     try:
         for start in range(0, len(numbers), PARTS_IN_FLIGHT):
