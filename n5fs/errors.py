@@ -16,6 +16,8 @@ class N5fsError(Exception):
     """Base of every n5fs error; a bare one means an I/O failure."""
 
     errno_code: ClassVar[int] = errno.EIO
+    #: an answer the caller acts on, not a fault: the FUSE front logs it at DEBUG
+    quiet: ClassVar[bool] = False
 
 
 class InvalidKey(N5fsError, ValueError):
@@ -148,3 +150,13 @@ class StaleVersion(Rejected):
     and retrying the write succeeds (the mount dropped what it cached of the key)."""
 
     errno_code = errno.EAGAIN
+
+
+class NothingWritten(Rejected):
+    """A close of a new file nothing was written to yet, where the format refuses an empty
+    file (a chunk, a metadata document): that ``close()`` answers EINVAL. Not recorded as a
+    rejection by itself, and quiet in the log: a descriptor still open on the file may write
+    it yet (the shell's ``cmd > chunk`` closes its first descriptor before the command
+    writes). The refusal is recorded when the last descriptor closes with nothing written."""
+
+    quiet = True

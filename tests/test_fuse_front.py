@@ -95,6 +95,24 @@ def test_refused_content_is_einval_at_flush_and_nothing_is_stored(store):
     assert store.get("a/1") is None
 
 
+def test_a_close_before_any_write_of_an_empty_chunk_is_einval_logged_at_debug(store, caplog):
+    """The shell's first close of `cmd > chunk`: EINVAL, but no warning (the command may
+    write yet); the refusal is logged when the last handle goes with nothing written."""
+    ops = ops_over(store)
+    fh = ops.create("/a/1", 0o644, os.O_WRONLY | os.O_TRUNC)
+    with caplog.at_level(logging.DEBUG, logger="n5fs"):
+        assert errno_from(lambda: ops.flush("/a/1", fh)) == errno.EINVAL
+    [record] = [r for r in caplog.records if "errno 22" in r.getMessage()]
+    assert record.levelno == logging.DEBUG
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    with caplog.at_level(logging.DEBUG, logger="n5fs"):
+        ops.release("/a/1", fh)
+    assert [r.name for r in caplog.records if r.levelno == logging.WARNING] == [
+        "n5fs.gateway.committer"
+    ]
+    assert store.get("a/1") is None
+
+
 def test_valid_write_commits_at_flush(store):
     ops = ops_over(store)
     fh = ops.create("/a/1", 0o644, os.O_WRONLY)

@@ -18,6 +18,7 @@ from n5fs.errors import (
     IsAPrefix,
     KeyExists,
     KeyNotFound,
+    NothingWritten,
     PrefixNotEmpty,
     ReadOnly,
     Rejected,
@@ -493,14 +494,21 @@ def test_directory_cannot_be_opened_or_unlinked(gw: Gateway) -> None:
         gw.unlink("/d")
 
 
-def test_shell_redirection_flush_of_an_empty_new_file_is_not_a_rejection(gw: Gateway) -> None:
-    """`cmd > chunk`: the shell's first close flushes the still-empty new file."""
+def test_shell_redirection_first_close_answers_einval_and_records_nothing(gw: Gateway) -> None:
+    """`cmd > chunk`: the shell's first close flushes the still-empty new file. That close
+    answers EINVAL (an empty chunk is refused), but another descriptor holds the file: the
+    name stays (the command fstat-s its output), nothing is recorded, and the command's
+    write and close commit the chunk."""
     n5_array(gw)
     fh = gw.create("/vol/0/0", os.O_WRONLY | os.O_TRUNC)
-    gw.flush(fh)  # close() of the descriptor the shell dup2'ed away
+    with pytest.raises(NothingWritten) as refused:
+        gw.flush(fh)  # close() of the descriptor the shell dup2'ed away
+    assert errno_of(refused.value) == errno.EINVAL
+    assert refused.value.rule == "block-header"
     assert gw.stats()["rejections"] == 0
     assert gw.store.get("vol/0/0") is None
-    assert gw.stat("/vol/0/0").size == 0  # visible while open
+    assert gw.stat("/vol/0/0").size == 0  # visible while open, and it opens
+    assert gw.read_file("/vol/0/0") == b""
     gw.write(fh, n5_block([4, 4]), 0)
     gw.flush(fh)
     gw.release(fh)
@@ -508,23 +516,49 @@ def test_shell_redirection_flush_of_an_empty_new_file_is_not_a_rejection(gw: Gat
     assert gw.stats()["rejections"] == 0
 
 
-def test_empty_new_chunk_is_judged_at_release(gw: Gateway) -> None:
-    """`touch chunk`: never written, so judged when the last handle goes."""
+def test_empty_new_chunk_is_refused_at_close_and_recorded_when_the_last_handle_goes(
+    gw: Gateway,
+) -> None:
+    """`touch chunk`: its close answers EINVAL; the refusal is recorded and the name is gone
+    when the last handle goes (the kernel's release follows that close), and a retried
+    create with content works at once."""
     n5_array(gw)
     fh = gw.create("/vol/1/1", os.O_WRONLY)
-    gw.flush(fh)
+    with pytest.raises(Rejected) as refused:
+        gw.flush(fh)
+    assert errno_of(refused.value) == errno.EINVAL
     gw.release(fh)
     assert gw.store.get("vol/1/1") is None
+    [rejection] = gw.rejections
+    assert (rejection.path, rejection.rule) == ("/vol/1/1", "block-header")
     assert (
         json.loads(gw.read_file("/.n5fs/rejections").decode().splitlines()[-1])["path"]
         == "/vol/1/1"
     )
     with pytest.raises(KeyNotFound):
         gw.stat("/vol/1/1")
-    fh = gw.create("/notes.txt", os.O_WRONLY)  # an ordinary empty file is stored at release
+    assert [name for name, _ in gw.readdir("/vol")] == ["attributes.json"]
+    # the kernel still holds the entry: the retried open(O_CREAT) comes as a plain open
+    fh = gw.open("/vol/1/1", os.O_WRONLY | os.O_TRUNC)
+    gw.write(fh, n5_block([4, 4]), 0)
     gw.flush(fh)
     gw.release(fh)
-    assert gw.store.get("notes.txt") == b""
+    assert gw.read_file("/vol/1/1") == n5_block([4, 4])
+
+
+@pytest.mark.parametrize("path", ["/notes.txt", "/vol/notes", "/plain/0"])
+def test_an_empty_new_file_the_format_takes_is_stored_at_release(gw: Gateway, path: str) -> None:
+    """`touch notes.txt`: an empty file outside an array (or a name no array grammar claims)
+    closes with 0 and is stored when the last handle goes."""
+    n5_array(gw)
+    fh = gw.create(path, os.O_WRONLY)
+    gw.flush(fh)  # the shell's first close, or touch's only one: 0
+    assert gw.stat(path).size == 0
+    gw.flush(fh)
+    gw.release(fh)
+    assert gw.store.get(path[1:]) == b""
+    assert gw.stat(path).size == 0
+    assert gw.rejections == []
 
 
 def test_path_truncate_commits_now_even_while_a_reader_holds_the_file(gw: Gateway) -> None:

@@ -33,9 +33,10 @@ the kernel, at most :data:`SETTLE_SECONDS`. The wait cannot deadlock there: libf
 invalidation takes its node-table lock for a moment and, in the kernel, no folder or inode lock,
 only the locks of the file's cached pages, and the kernel holds no page lock while it waits for
 those six requests. Reads and writes never wait (the kernel holds their pages locked). A retried
-``open(O_CREAT)`` of a refused new name is the gateway's to accept: the path invalidation drops
-attributes and cached pages but not the name, so until ``entry_timeout`` the kernel sends that
-open as a plain open of an existing file (``stat`` does ask again, and answers ENOENT).
+``open(O_CREAT)`` of a new name whose commit failed (refused, a conflict, a full or failing
+store) is the gateway's to accept: the path invalidation drops attributes and cached pages but
+not the name, so until ``entry_timeout`` the kernel sends that open as a plain open of an
+existing file (``stat`` does ask again, and answers ENOENT).
 
 Overflow: at most :data:`MAX_PENDING` distinct paths wait. The worker passes about 100,000 a
 second (measured on a real mount), so the bound is reached only when the kernel stops taking

@@ -132,7 +132,8 @@ class N5fsOperations(Operations):  # type: ignore[misc]  # mfusepy is untyped
             return call()
         except Exception as exc:
             code = errno_of(exc)  # never EINVAL for a bare exception: that means "refused"
-            level = logging.DEBUG if code in _QUIET else logging.WARNING
+            quiet = code in _QUIET or getattr(exc, "quiet", False)
+            level = logging.DEBUG if quiet else logging.WARNING
             log.log(
                 level,
                 "%s: errno %d (%s): %s",

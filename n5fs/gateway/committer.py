@@ -182,6 +182,21 @@ class Committer:
         if pre is not None and size is not None and pre.holds_for(verdict, size):
             self.counters.add("prechecked")
 
+    def would_refuse(self, key: str, data: bytes) -> Rejected | None:
+        """What strict validation would refuse ``data`` at ``key`` for if it were committed
+        now (None: it would be stored; warn and off modes refuse nothing). Records nothing,
+        stores nothing, tells nobody: the answer of a ``close()`` whose commit comes later
+        (a new file closed before anything was written to it). Inside the hold of ``key``,
+        as a commit's check is, so it judges against settled metadata."""
+        if self.mode is not Mode.STRICT:
+            return None
+        with self.hold(key):
+            try:
+                self.rules.check(key, lambda: data, size=len(data))
+            except Rejected as exc:
+                return exc
+        return None
+
     # -- commits ---------------------------------------------------------------------------------
 
     def commit_node(self, node: Node) -> None:

@@ -4,14 +4,15 @@ release and utimens, from the handle the kernel holds to the commit at close.
 Why apart from the façade (:mod:`~n5fs.gateway.gateway`): these calls share one life cycle,
 a node staged from ``open``/``create`` through ``write`` and ``truncate`` to the commit at
 ``flush``/``release``, and the rules that go with it (``O_TRUNC`` starts empty, a created
-file that nothing was written to is judged at release, a refused new name answers a retried
-``open`` as a create). The façade keeps the namespace (stat, readdir, mkdir, unlink, rename)
+file that nothing was written to is committed at release and its ``close()`` answers what that
+commit would, a new name whose commit failed is gone at once and answers a retried ``open``
+as a create). The façade keeps the namespace (stat, readdir, mkdir, unlink, rename)
 and the mount's housekeeping, and asks this module whether a name may change
 (:meth:`FileCalls.check_mutable`) and whether a new name has folders above it
 (:meth:`FileCalls.check_ancestors`).
 
-State and locks: the only state of its own is :attr:`FileCalls.refused`
-(:class:`~n5fs.gateway.handles.RefusedNames`, own leaf lock) and :attr:`FileCalls.unopened`
+State and locks: the only state of its own is :attr:`FileCalls.failed_creates`
+(:class:`~n5fs.gateway.handles.FailedCreates`, own leaf lock) and :attr:`FileCalls.unopened`
 (:class:`~n5fs.gateway.unopened.UnopenedReads`, own leaf lock). Everything else belongs to
 its owners: nodes and handles to :class:`~n5fs.gateway.handles.OpenFiles` (a node's lock is
 held here around every change of its staged content and around its commit, and taken before any
@@ -32,11 +33,12 @@ from n5fs.errors import (
     KeyExists,
     KeyNotFound,
     NotAPrefix,
+    NothingWritten,
     ReadOnly,
     Rejected,
 )
 from n5fs.gateway.cache import stamp_of, version_of
-from n5fs.gateway.handles import Handle, Node, RefusedNames
+from n5fs.gateway.handles import FailedCreates, Handle, Node
 from n5fs.gateway.namespace import EntryKind, is_control, path_to_key
 from n5fs.gateway.reader import PageCache
 from n5fs.gateway.unopened import UnopenedReads
@@ -100,7 +102,7 @@ class FileCalls:
         self.committer = committer
         self._control = control
         self.read_only = read_only
-        self.refused = RefusedNames()
+        self.failed_creates = FailedCreates()
         self.unopened = UnopenedReads(reader)
 
     def check_mutable(self, key: str) -> None:
@@ -125,8 +127,8 @@ class FileCalls:
         self.reader.forget_pages(key)  # what it writes reaches the kernel's pages first
         attr = self.view.lookup(key)
         if attr is None:
-            if key in self.refused:
-                # The kernel still holds the entry our refused create made; the caller's
+            if key in self.failed_creates:
+                # The kernel still holds the entry our failed create made; the caller's
                 # open(O_CREAT) arrives as open(): create it again.
                 return self.create(path, flags)
             raise KeyNotFound(f"no such file or directory: {path}")
@@ -135,6 +137,10 @@ class FileCalls:
         base = self.committer.base_of(key)
         node = self.files.acquire_locked(key)
         try:
+            if node.failed:
+                # our create of this name failed and another writer's file has it now (a
+                # lost conflict): that stored file is what this handle opens
+                self.files.drop_staged(node)
             if not node.pending:
                 node.base = base  # the version a metadata commit compares with
             if not flags & os.O_TRUNC:
@@ -204,9 +210,9 @@ class FileCalls:
         if attr is None:
             self.check_ancestors(node.key)
             node.stored = False
-        if not node.pending:
+        if not node.pending or node.failed:  # (what a failed commit left is replaced)
             node.base = self.committer.base_of(node.key)
-        node.unlinked = False
+        node.unlinked = node.failed = False
         if attr is None or flags & os.O_TRUNC:
             self.files.empty(node)
         else:
@@ -288,6 +294,7 @@ class FileCalls:
                 prechecks.start(node.key, staged)  # a chunk written from 0: check as it comes
             written = staged.write(data, offset)
             node.dirty = node.written = True
+            node.failed = False  # new content: the file shows again, its close commits it
         return written
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> None:
@@ -302,6 +309,7 @@ class FileCalls:
             with node.lock:
                 self.files.staged(node, self._stored_size(node)).truncate(length)
                 node.dirty = node.written = True
+                node.failed = False
             return
         if self.view.stat(key).kind is not EntryKind.FILE:
             raise IsAPrefix(f"is a directory: {path}")
@@ -309,19 +317,36 @@ class FileCalls:
             self.files.staged(node, self._stored_size(node)).truncate(length)
             deferred = node.dirty and node.refs > 1  # a writer's flush commits it
             node.dirty = node.written = True
+            node.failed = False
             if not deferred:
                 self._commit(node)
 
     def _commit(self, node: Node) -> None:
-        """Commit the node (caller holds its lock), remembering refused new names."""
+        """Commit the node (caller holds its lock). A new file whose commit fails, whatever
+        the cause, leaves no name: :meth:`_unborn`."""
         new = not node.stored
         try:
             self.committer.commit_node(node)
         except Rejected:
             if new:
-                self.refused.remember(node.key)
+                self._unborn(node)  # the committer told the kernel: every refusal does
             raise
-        self.refused.forget(node.key)
+        except Exception:
+            if new:
+                self._unborn(node)
+                self.committer.changed([node.key])  # a failing store tells nobody by itself
+            raise
+        self.failed_creates.forget(node.key)
+
+    def _unborn(self, node: Node) -> None:
+        """The first commit of ``node`` failed (caller holds its lock), whatever the cause: a
+        refusal (EINVAL), a conflict (EAGAIN), a full or failing store (ENOSPC, EIO). Its
+        name is gone now, not at its release: ``stat`` says ENOENT and ``readdir`` leaves it
+        out (:attr:`Node.failed`; :meth:`_commit` has the kernel drop what it cached), and
+        the caller's retried ``open(O_CREAT)``, which the kernel may send as a plain
+        ``open``, is served as a create (:class:`~n5fs.gateway.handles.FailedCreates`)."""
+        node.failed = True
+        self.failed_creates.remember(node.key)
 
     def flush(self, fh: int) -> None:
         node = self.files.handle(fh).node
@@ -331,24 +356,51 @@ class FileCalls:
             if not node.dirty or node.unlinked:
                 return
             if not node.stored and not node.written:
-                # Created and not written yet: `cmd > file` flushes the empty file when the
-                # shell closes its first descriptor. Judge it at release, or at the first
-                # flush after a write.
+                self._judge_unwritten(node)
                 return
             self._commit(node)
+
+    def _judge_unwritten(self, node: Node) -> None:
+        """A close of a new file nothing was written to yet (caller holds the node's lock).
+
+        The file is committed when its last handle goes (:meth:`release`), not here: the
+        shell's ``cmd > file`` closes its first descriptor before the command writes, and the
+        command ``fstat``-s its output (``cat``, Python) - by path, on FUSE, so the name must
+        stay while a descriptor holds the file. This close answers what that commit will: 0
+        where the format takes an empty file (a plain file), EINVAL where it refuses one (a
+        chunk, a metadata document: ``touch arr/0/0``, ``: > arr/0/0``, ``cp`` of an empty
+        file), recorded in the rejections when the last handle goes with nothing written. The
+        kernel is told to ask again, so a ``stat`` after this close sees the name only while
+        a descriptor still holds the file, and then it opens (it reads empty)."""
+        refusal = self.committer.would_refuse(node.key, b"")
+        if refusal is None:
+            return
+        self.committer.changed([node.key])
+        raise NothingWritten(
+            f"closed before anything was written, and {refusal.message}",
+            path=node.key,
+            fmt=refusal.fmt,
+            rule=refusal.rule,
+        )
 
     def fsync(self, fh: int) -> None:
         self.flush(fh)
         self._store.flush()
 
     def release(self, fh: int) -> None:
+        """The kernel's last reference to a handle went (after the flush of its last close).
+        The last handle of a node commits what no flush committed: a new file nothing was
+        written to (:meth:`_judge_unwritten`), bytes the kernel wrote back after the last
+        close (``mmap``). Never a new file whose last commit failed (:attr:`Node.failed`):
+        the caller was told at ``close()``, and a retry here could make the name appear
+        after that ``close()`` said it does not exist."""
         handle = self.files.pop_handle(fh)
         if handle is None or handle.node is None:
             return
         node = handle.node
         try:
             with node.lock:
-                if node.dirty and not node.unlinked and node.refs == 1:
+                if node.dirty and not node.unlinked and not node.failed and node.refs == 1:
                     self._commit(node)  # the kernel always flushes first; this is a safety net
         except Rejected:
             pass  # recorded by the committer; release() cannot report it

@@ -263,7 +263,7 @@ class Gateway:
         with self.files.pinned(key) as (node,):
             stored = node.stored
             self.files.detach(key)
-            self.calls.refused.forget(key)
+            self.calls.failed_creates.forget(key)
             if not stored:
                 self.committer.changed([key])
                 return
@@ -308,7 +308,7 @@ class Gateway:
             raise NotSupported("hdmf-zarr links cannot be renamed; remove and link again")
         else:
             self.renamer.rename_file(src, dst, dst_attr)
-            self.calls.refused.forget(dst)
+            self.calls.failed_creates.forget(dst)
 
     def link(self, src_path: str, dst_path: str) -> None:
         src, dst = path_to_key(src_path), path_to_key(dst_path)
@@ -338,7 +338,8 @@ class Gateway:
         """Commit what is still staged, then make the store durable and close it."""
         for node in self.files.all_nodes():
             with node.lock:
-                if node.dirty and not node.unlinked:
+                # not a new file whose commit failed: its close() said so (FileCalls.release)
+                if node.dirty and not node.unlinked and not node.failed:
                     with contextlib.suppress(Rejected):  # recorded; nothing more at shutdown
                         self.committer.commit_node(node)
         self.committer.close()

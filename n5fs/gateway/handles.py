@@ -5,7 +5,7 @@ State and locks:
 - ``OpenFiles._lock`` guards the two tables (key -> node, fh -> handle) and every node's
   ``refs`` and ``key``; it is a leaf lock, held for table work only.
 - ``Node.lock`` guards the node's staged buffer, its ``base`` version and flags (``dirty``, ``stored``,
-  ``written``, ``unlinked``) and the stamps its local readers opened (``reading``).
+  ``written``, ``unlinked``, ``failed``) and the stamps its local readers opened (``reading``).
   Everything that changes a node's content (write, truncate, commit, rename of the key)
   holds it; a read takes it only to go through staging. It is taken *before* any
   commit-order lock (:mod:`n5fs.gateway.ordering`) and never while ``OpenFiles._lock`` is
@@ -69,6 +69,12 @@ class Node:
     written: bool = False  # any write or truncate since open/create
     refs: int = 0
     unlinked: bool = False
+    #: the last commit of this never-stored file failed (refused, or the store failed) and
+    #: nothing was written or created since: the name does not exist (it is not shown, and
+    #: ``release`` does not try again: the failed ``close()`` was the caller's answer), but
+    #: the staged bytes stay for a descriptor still open on the file, whose next write shows
+    #: the name again and whose close commits all of it
+    failed: bool = False
     #: a modification time set (``utimens``) while content is staged: the commit applies it
     mtime: float | None = None
     #: the stored version a metadata commit compares with (:mod:`n5fs.gateway.conditional`):
@@ -84,8 +90,10 @@ class Node:
         return self.staged is not None and (self.dirty or not self.stored) and not self.unlinked
 
     def pending_attr(self, writable: bool) -> Attr | None:
+        """What ``stat`` shows of a file being written; None when the node shows no name of
+        its own (nothing staged, or a new file whose commit failed: ``failed``)."""
         staged = self.staged
-        if staged is None or not self.pending:
+        if staged is None or not self.pending or self.failed:
             return None
         mtime = time.time() if self.mtime is None else self.mtime
         return Attr(EntryKind.FILE, staged.size, mtime, writable)
@@ -309,6 +317,16 @@ class OpenFiles:
             )
         return node.staged
 
+    def drop_staged(self, node: Node) -> None:
+        """Forget what the node stages (caller holds its lock): its content is the stored
+        object's again, read lazily by the next write."""
+        if node.staged is not None:
+            node.staged.close()
+            node.staged = None
+        node.stored = True
+        node.dirty = node.failed = False
+        node.mtime = None
+
     def empty(self, node: Node) -> StagedFile:
         """A fresh, empty staging buffer for the node (``O_TRUNC``; caller holds the lock):
         nothing of the stored object is ever fetched."""
@@ -318,12 +336,15 @@ class OpenFiles:
         return self.staged(node, 0)
 
 
-class RefusedNames:
-    """Names whose first commit (a new file) was refused, most recent ``limit`` of them.
+class FailedCreates:
+    """Names whose first commit (a new file) failed, for any reason (refused by the commit
+    rules, the store full, failing or answering a conflict), most recent ``limit`` of them.
 
-    After a refused ``close()`` the kernel may still hold the entry the ``create`` made; the
-    caller's retried ``open(O_CREAT)`` then reaches us as a plain ``open`` of a name that does
-    not exist, and ``Gateway.open`` serves it as a create. Own lock, a leaf.
+    After a failed ``close()`` the kernel may still hold the entry the ``create`` made (libfuse
+    can drop its attributes, not the name); the caller's retried ``open(O_CREAT)`` then
+    reaches us as a plain ``open`` of a name that does not exist, and ``FileCalls.open`` serves
+    it as a create. A name is forgotten when a commit stores it, or it is unlinked or renamed
+    over. Own lock, a leaf.
     """
 
     def __init__(self, limit: int = 1024) -> None:

@@ -289,8 +289,21 @@ class NamespaceView:
         return info
 
     def forget(self, key: str) -> None:
-        """Another writer changed ``key``: its folder is listed again at the next question."""
+        """Another writer changed ``key``: its folder is listed again at the next question,
+        and so is every folder above whose cached listing does not lead to it. That writer
+        may have made those folders too, and a cached listing that leaves a folder out
+        answers it empty without a LIST (:meth:`_absent`): a name another mount created
+        would stay missing here until that listing expired (a create that lost a conflict
+        to it would read ENOENT where the winner's file is)."""
         self.listings.invalidate(folder_of(key))
+        child = parent(key)
+        while child:
+            folder = folder_of(child)
+            known = self.listings.get(folder)
+            if known is not None and basename(child) in known.dirs:
+                return  # known, so every folder above knows its way here too
+            self.listings.invalidate(folder)
+            child = parent(child)
 
     def note_delete(self, key: str) -> None:
         name = basename(key)
