@@ -179,6 +179,17 @@ def test_a_body_that_breaks_is_resumed_with_a_ranged_get(store: S3Store, proxy: 
     assert proxy.counts["GET range"] == 8  # each resumed once, from the byte reached
 
 
+def test_an_error_answer_whose_body_breaks_is_asked_again(
+    store: S3Store, proxy: FaultProxy
+) -> None:
+    """botocore reads a 404's body itself and lets its faults through unwrapped."""
+    store.set("here", b"x")
+    proxy.inject(Fault("reset_mid_body", method="GET", once_per_key=True))
+    assert store.get("absent") is None
+    assert store.get("here") == b"x"
+    assert proxy.injected["reset_mid_body"] == 2
+
+
 def test_a_ranged_read_that_breaks_resumes_inside_its_range(
     store: S3Store, proxy: FaultProxy
 ) -> None:

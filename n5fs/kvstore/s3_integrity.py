@@ -144,7 +144,12 @@ def read_body(
     for it on every GET) and its body arrives in one piece; a resumed body, or an object with
     no such checksum, is checked here."""
     for reread in range(REREADS + 1):
-        answer = get(**({"Range": range_header} if range_header else {}))
+        try:
+            answer = get(**({"Range": range_header} if range_header else {}))
+        except BODY_FAULTS as exc:
+            # botocore reads an error answer's body (a 404's) without wrapping its faults
+            log.debug("s3: the answer to a GET of %r broke (%s); asking again", key, exc)
+            continue
         try:
             read = _pieces(get, answer, key, where)
         except bce.ChecksumError as exc:  # botocore's check of an unbroken body
@@ -159,8 +164,8 @@ def read_body(
             return answer, data
         log.warning("s3: %r in %s read back damaged (read %d)", key, where, reread + 1)
     raise StoreUnavailable(
-        f"s3: {key!r} in {where} could not be read intact ({REREADS + 1} reads: a checksum did "
-        "not match, or the object kept changing while it was read)"
+        f"s3: {key!r} in {where} could not be read intact ({REREADS + 1} reads: the answer "
+        "broke, a checksum did not match, or the object kept changing while it was read)"
     )
 
 
@@ -206,11 +211,28 @@ def _pieces(
             if str(exc.response.get("Error", {}).get("Code")) in ("PreconditionFailed", "412"):
                 return None
             raise
+        except BODY_FAULTS as exc:  # an error answer's body broke (see read_body)
+            log.debug("s3: resuming %r broke too (%s)", key, exc)
+            body = _Broken(exc)
+            continue
         if _span(again)[0] != first + got:
             _close(again["Body"])
             return None  # a server that ignored the range: read it again whole
         body = again["Body"]
     raise AssertionError("unreachable: the loop returns or raises")
+
+
+class _Broken:
+    """A body whose request broke before it began: reading it raises that fault."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def read(self, _: int) -> bytes:
+        raise self.exc
+
+    def close(self) -> None:
+        """Nothing to close."""
 
 
 def _close(body: Any) -> None:

@@ -1,0 +1,160 @@
+"""A read-write S3 mount through the faults of a real network (n5fs.testing.s3_proxy between
+the daemon and the session's moto server): real writers and readers through a real mount,
+then what the bucket holds, read behind the proxy's back, against what the mount said.
+
+No test asserts a duration; every call is bounded by the mount's watchdog.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import random
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorstore as ts
+import zarr
+
+from n5fs.testing.s3_proxy import Fault, FaultProxy, fault_proxy
+from n5fs.testing.soak import SoakConfig, run_soak
+from tests.mounting import real_mount
+
+pytestmark = [pytest.mark.s3, pytest.mark.slow, *real_mount(400)]
+PREFIX = "data/"
+
+
+def source(endpoint: str, bucket: str) -> str:
+    return json.dumps({"driver": "s3", "bucket": bucket, "path": PREFIX, "endpoint": endpoint})
+
+
+@pytest.fixture
+def proxy(s3_server: Any) -> Iterator[FaultProxy]:
+    with fault_proxy(s3_server.endpoint, seed=3) as running:
+        yield running
+
+
+@pytest.fixture
+def mounted(mounter: Any, proxy: FaultProxy, s3_bucket: str) -> Path:
+    return mounter.daemon(source(proxy.endpoint, s3_bucket))  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def stored(s3_server: Any, s3_bucket: str) -> Any:
+    client = s3_server.client()
+
+    def held(key: str) -> bytes | None:
+        try:
+            body: bytes = client.get_object(Bucket=s3_bucket, Key=PREFIX + key)["Body"].read()
+        except client.exceptions.NoSuchKey:
+            return None
+        return body
+
+    return held
+
+
+def validate_clean(endpoint: str, bucket: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "n5fs", "validate", source(endpoint, bucket)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        pytest.param(
+            lambda: [
+                Fault("reset_before", method="PUT", probability=0.05),
+                Fault("reset_after", method="PUT", probability=0.05),
+                Fault("reset_before", method="GET", probability=0.05),
+                Fault("reset_mid_body", method="GET", probability=0.05),
+            ],
+            id="10%-resets",
+        ),
+        pytest.param(
+            lambda: [Fault("status", status=503, code="SlowDown", probability=0.2)],
+            id="20%-slowdown",
+        ),
+    ],
+)
+def test_zarr_python_writes_and_tensorstore_reads_through_faults(
+    mounted: Path, proxy: FaultProxy, s3_server: Any, s3_bucket: str, faults: Any
+) -> None:
+    """zarr-python 3 writes 128 chunks from 8 threads, TensorStore reads them back: not one
+    call fails, and the bucket holds exactly the values (scripts/soak.py and the figures in
+    docs/performance.md go to 512 chunks and more)."""
+    values = np.random.default_rng(1).integers(0, 60000, (128, 64), "uint16")
+    arr = zarr.create_array(
+        str(mounted / "arr"), shape=values.shape, chunks=(8, 8), dtype="uint16", zarr_format=2
+    )
+    proxy.inject(*faults())
+
+    def rows(i: int) -> None:
+        arr[i * 16 : (i + 1) * 16, :] = values[i * 16 : (i + 1) * 16, :]
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(rows, range(8)))  # re-raises the first failure
+    read = ts.open(
+        {"driver": "zarr", "kvstore": {"driver": "file", "path": str(mounted / "arr")}}
+    ).result()
+    assert np.array_equal(read.read().result(), values)
+    assert sum(proxy.injected.values()) > 0
+    proxy.clear()
+    validate_clean(s3_server.endpoint, s3_bucket)
+    behind = zarr.open_array(str(mounted / "arr"), mode="r")  # cached pages aside: re-read
+    assert np.array_equal(behind[...], values)
+
+
+def test_bodies_cut_short_and_answered_200_are_never_acknowledged(
+    mounted: Path, proxy: FaultProxy, tmp_path: Path, stored: Any
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    made = {}
+    for i in range(64):
+        data = random.Random(i).randbytes(4096)
+        (src / f"{i}.bin").write_bytes(data)
+        made[f"{i}.bin"] = data
+    proxy.inject(Fault("truncate", method="PUT", probability=0.1))
+    done = subprocess.run(["cp", "-r", str(src), str(mounted / "copy")], check=False)
+    assert done.returncode == 0
+    assert proxy.injected["truncate"] > 0
+    assert {name: stored(f"copy/{name}") for name in made} == made
+
+
+def test_one_key_whose_every_put_fails_fails_alone(
+    mounted: Path, proxy: FaultProxy, stored: Any
+) -> None:
+    proxy.inject(Fault("reset_before", method="PUT", key="cursed"))
+    with pytest.raises(OSError) as failed:
+        (mounted / "cursed.bin").write_bytes(b"never")
+    assert failed.value.errno == errno.EIO
+    for i in range(16):  # at once, one after the other: none fails
+        (mounted / f"fine{i}.bin").write_bytes(b"%d" % i)
+    assert all(stored(f"fine{i}.bin") == b"%d" % i for i in range(16))
+    assert stored("cursed.bin") is None
+    assert not (mounted / "cursed.bin").exists()
+
+
+def test_a_minute_of_mixed_faults_loses_and_corrupts_nothing(
+    s3_server: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak of scripts/soak.py, one minute: files, zarr-python arrays and cp -r written
+    and read through a mount under resets, 5xx, SlowDown, stalls, cut and damaged bodies."""
+    monkeypatch.setenv("N5FS_STATE_DIR", str(tmp_path / "state"))
+    report = run_soak(s3_server.endpoint, s3_bucket, tmp_path, SoakConfig(seconds=60.0))
+    assert report.failures() == [], report.table()
+    assert report.acknowledged_files > 100, report.table()
+    assert report.acknowledged_arrays > 0, report.table()
+    assert sum(report.injected.values()) > 100, report.table()
