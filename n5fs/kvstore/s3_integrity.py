@@ -72,6 +72,10 @@ BODY_FAULTS = (
     ConnectionError,
     TimeoutError,
 )
+#: what a request raises when botocore read its error answer's body (a 404's) and that broke:
+#: botocore lets these through unwrapped, unretried. Anything botocore raised itself comes
+#: after its (our policy's) retries and is final.
+ERROR_BODY_FAULTS = (u3e.HTTPError,)
 _MD5_ETAG = re.compile(r'^"?[0-9a-fA-F]{32}(-\d+)?"?$')
 
 
@@ -146,8 +150,7 @@ def read_body(
     for reread in range(REREADS + 1):
         try:
             answer = get(**({"Range": range_header} if range_header else {}))
-        except BODY_FAULTS as exc:
-            # botocore reads an error answer's body (a 404's) without wrapping its faults
+        except ERROR_BODY_FAULTS as exc:
             log.debug("s3: the answer to a GET of %r broke (%s); asking again", key, exc)
             continue
         try:
@@ -211,7 +214,7 @@ def _pieces(
             if str(exc.response.get("Error", {}).get("Code")) in ("PreconditionFailed", "412"):
                 return None
             raise
-        except BODY_FAULTS as exc:  # an error answer's body broke (see read_body)
+        except ERROR_BODY_FAULTS as exc:
             log.debug("s3: resuming %r broke too (%s)", key, exc)
             body = _Broken(exc)
             continue
