@@ -1,4 +1,4 @@
-"""Where a validated copy-in spends its time (issue 12's "validated copy-in of gzip N5 chunks"):
+"""Where a validated copy-in spends its time (the mount benchmark's "validated cp -r gzip N5" row):
 per file, the writes against the ``close()`` that waits for the chunk's check, and the
 daemon's CPU, n5fs against the bare mfusepy passthrough, variants taking turns on fresh
 mounts.

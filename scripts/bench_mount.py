@@ -1,15 +1,15 @@
-"""Mount benchmark (issues 5 and 12): n5fs against direct access, a bare mfusepy passthrough
+"""Mount benchmark: n5fs against direct access, a bare mfusepy passthrough
 and the peers (fsspec's FUSE, rclone mount, s3fs-fuse), on the file store and on S3 (a moto
 server on 127.0.0.1, port 0), in one run.
 
-Every figure is measured in this run and printed as one table of ratios with the issues'
+Every figure is measured in this run and printed as one table of ratios with n5fs's
 targets beside them (compared, never asserted). Columns: ``direct`` (the backing directory;
 boto3 or TensorStore's s3 driver on S3), ``pt`` and ``pt+kc`` (a minimal multithreaded
 mfusepy passthrough on libfuse 3, without and with ``kernel_cache``; same attr/entry/negative
 timeouts as n5fs), ``n5fs`` (``-o ro``: kernel_cache), ``n5fs-rw``, and the peers ``fsspec``
 (in ``--peer-python``), ``rclone`` and ``s3fs`` (S3 only), mounted read-only with the flags
 scripts/bench_peers.py lists and explains; a peer that cannot run says why in its cells.
-Where the issue compares with "the best peer", the ratio is against the fastest peer that
+Where the target is against "the best peer", the ratio is against the fastest peer that
 ran on that row, named in the ratio cell. Cold = a fresh mount after ``echo 3 >
 /proc/sys/vm/drop_caches`` (or, without root, ``posix_fadvise(DONTNEED)`` on every backing
 file); warm = best of ``--rounds`` repeats on the same mount. Each measured call runs under a
@@ -417,7 +417,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"columns of the non-write rows, comma-separated (default all): {','.join(COLUMNS)}")  # fmt: skip
     p.add_argument("--gib", type=float, default=1.0, help="size of each N5 dataset (decoded)")
     p.add_argument("--zarr-grid", type=parse_grid, default=(40, 40, 32),
-                   help="the Zarr2 chunk tree's stored chunks per axis (issue 12: 51,200 chunks "
+                   help="the Zarr2 chunk tree's stored chunks per axis (default: 51,200 chunks "
                    "in 1 + 40 + 1,600 folders)")  # fmt: skip
     p.add_argument("--storm-keys", type=int, default=10_000, help="stat storm keys, 90%% absent")
     p.add_argument("--sparse-side", type=int, default=100, help="grid side: side^2 keys")

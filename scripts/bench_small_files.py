@@ -1,5 +1,6 @@
-"""A/B benchmark of the per-file path (issue 12's "read 10k small files"): variants take turns
-over one chunk tree, each round on a fresh mount, so the load of the moment hits them alike.
+"""A/B benchmark of the per-file path (the mount benchmark's "read 10k small files"): variants
+take turns over one chunk tree, each round on a fresh mount, so the load of the moment hits
+them alike.
 
 Why beside ``bench_mount.py``: that script measures every row once per variant, minutes
 apart, and on this 2-core VM the small-file row swings by 2x with the disk and the load

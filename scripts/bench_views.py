@@ -1,4 +1,4 @@
-"""View benchmark (issue 13): an N5 dataset read through ``n5fs mount --as zarr3`` by zarr-python
+"""View benchmark: an N5 dataset read through ``n5fs mount --as zarr3`` by zarr-python
 3 and TensorStore's zarr3 driver, against TensorStore's n5 driver on the store itself, in one
 run, printed as one table of times and ratios (view time / native time; compared, never
 asserted).

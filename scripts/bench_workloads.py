@@ -1,8 +1,9 @@
 """What the mount benchmark (scripts/bench_mount.py) measures: the data sets it writes (N5 raw
-and gzip, a Zarr v2 chunk tree in issue 12's layout, a sparse Zarr v2 grid), their upload to
-S3, and the workloads timed on a mount of them, each with the answer a correct run must give.
+and gzip, a Zarr v2 chunk tree laid out as a large nested volume, a sparse Zarr v2 grid),
+their upload to S3, and the workloads timed on a mount of them, each with the answer a correct
+run must give.
 
-The chunk tree is the issue's "Zarr v2 array of 51,200 chunks in 1,641 folders": a 3-D array
+The chunk tree is a Zarr v2 array of 51,200 chunks in 1,641 folders: a 3-D array
 with dimension_separator "/" and 40 x 40 x 32 stored chunks (1 + 40 + 1,600 folders) of 512
 bytes each; its grid runs ten times further along the last axis than the stored chunks, so
 the stat storm can ask in-grid keys of which 90 % are absent, spread over the 1,600 leaf
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 
 MiB = 1 << 20
 BLOCK = 128
-SMALL_FILES = 10_000  # the issue's "read 10k small files": this many Zarr chunks
+SMALL_FILES = 10_000  # the "read 10k small files" row: this many Zarr chunks
 ZARR_CHUNK = (4, 8, 8)  # uint16: 512 bytes a chunk before zstd
 GRID_SPAN = 10  # the chunk tree's grid, along its last axis, over its stored chunks
 AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}

@@ -1,4 +1,4 @@
-"""Races and memory of a read-write n5fs mount (issue 9), measured from outside the daemon.
+"""Races and memory of a read-write n5fs mount, measured from outside the daemon.
 
 The script starts its own mounts (``python -m n5fs mount SOURCE MNT --foreground``) of a file
 store, runs five bounded measurements against them, always unmounts, and prints one table:

@@ -1,4 +1,4 @@
-"""A user's first minutes with n5fs (issue 10): relative paths, sources that are not there,
+"""A user's first minutes with n5fs: relative paths, sources that are not there,
 mount points that are not right, what a mount says once it works, ``status`` as a table, a
 closed pipe, the options other FUSE tools taught them, and what libfuse must not print.
 

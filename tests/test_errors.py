@@ -52,7 +52,8 @@ def test_errno_of(exc: BaseException, code: int) -> None:
 
 
 def test_builtin_errno_slot_is_not_ours() -> None:
-    # The trap STYLE P3 names: the builtin slot stays None, errno_of() is the way.
+    # The trap: OSError's builtin errno slot stays None for an error built from a message, and
+    # mfusepy answers such an error with EINVAL ("content refused"); errno_of() is the way.
     assert errors.KeyNotFound("a").errno is None
     assert errno_of(errors.KeyNotFound("a")) == errno.ENOENT
 

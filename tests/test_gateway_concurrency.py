@@ -1,9 +1,9 @@
 """The gateway under many threads, without FUSE: writers, renamers, listers, metadata changers
 and cache droppers on one folder, over the memory, file and S3 (moto server) stores.
 
-Every assertion here holds for *any* interleaving of a correct gateway (DESIGN.md, "Consistency
-and concurrency"); none hopes for a lucky schedule. What makes the races show up on a broken
-gateway is not luck either:
+Every assertion here holds for *any* interleaving of a correct gateway (docs/semantics.md,
+"Consistency and concurrency"); none hopes for a lucky schedule. What makes the races show up
+on a broken gateway is not luck either:
 
 - the store answers a little late (:class:`Naps`, seeded): a LIST or a probe is fetched, and
   the gateway sees it after other threads have committed into the folder; a ``set`` or a

@@ -1,4 +1,4 @@
-"""Array-aware listings (issue 12): one walk of an array answers every folder of its chunk
+"""Array-aware listings: one walk of an array answers every folder of its chunk
 tree on stores that prefer flat listings (memory, S3), folder by folder on a file store;
 bounded by a key budget; never hides a commit (the batch rule of n5fs/caching.py, with a
 deterministic race); plain trees are not probed."""

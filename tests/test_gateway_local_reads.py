@@ -1,6 +1,7 @@
 """The read path over a local file store: a read-only handle reads its own descriptor of the
-stored file (issue 12), what it sees when a commit or another process replaces the file, and
-what each open tells the kernel to do with the pages it caches (keep, drop, bypass)."""
+stored file (libfuse reads from it in C), what it sees when a commit or another process
+replaces the file, and what each open tells the kernel to do with the pages it caches (keep,
+drop, bypass)."""
 
 from __future__ import annotations
 

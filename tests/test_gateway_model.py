@@ -1,5 +1,7 @@
 """The gateway against a dict model: any sequence of POSIX-shaped calls on plain files leaves
-the same tree, and the same bytes, as the model says (STYLE P13)."""
+the same tree, and the same bytes, as the model says. The rules are docs/semantics.md's; a
+Hypothesis state machine drives the gateway and the model side by side, so the sequences
+tried are ones nobody thought to write down."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Races of the gateway made deterministic: a store hook pauses one thread at the exact point
 between a load and its use (or between a validation and its store write) while another
-thread does the conflicting thing. Each reproduces a race of issue 9 that the gateway had
-before its concurrency model (docs/semantics.md, "Consistency and concurrency"); none relies
+thread does the conflicting thing. Each reproduces a race the gateway once had (a listing or
+detection result stored after a commit made it stale, a chunk validated under metadata that
+changed before it landed, a rename storing other bytes than it validated) before its
+concurrency model (docs/semantics.md, "Consistency and concurrency"); none relies
 on luck.
 """
 

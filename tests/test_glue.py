@@ -1,4 +1,4 @@
-"""The private mfusepy glue n5fs overrides is checked at import (issue 11): a release that
+"""The private mfusepy glue n5fs overrides is checked at import: a release that
 renamed ``readdir_fuse_3`` would otherwise leave our override unused and mounts quietly
 worse (``mv -n`` clobbering, one getattr per listed file), not broken."""
 

@@ -1,4 +1,4 @@
-"""One memory budget for object bytes: those cached and those on their way (issue 12).
+"""One memory budget for object bytes: those cached and those on their way.
 
 A whole-object fetch (a reader's, or the read-ahead's) reserves the object's size in the byte
 cache's budget before its bytes arrive, so cached plus in-flight bytes stay within

@@ -1,4 +1,4 @@
-"""Concurrency and memory through real mounts (issue 9): zarr-python 3 writing a Zarr v2 array
+"""Concurrency and memory through real mounts: zarr-python 3 writing a Zarr v2 array
 of 1,024 chunks with its own concurrency, six threads renaming temp files into one folder, and
 the daemon's memory when a huge file is truncated by ``open(O_TRUNC)`` or ``truncate -s 8G``.
 

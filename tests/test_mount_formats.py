@@ -1,5 +1,5 @@
 """Real writers and real tools through a real mount, on every store kind: what they write
-reads back equal, and the store stays valid (issue 5's acceptance tests)."""
+reads back equal, and the store stays valid (the promise n5fs makes to every writer)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reads through a real read-write mount (issue 12): re-reads that keep the kernel's pages
+"""Reads through a real read-write mount: re-reads that keep the kernel's pages
 never serve bytes of another version, a reader open across a replacement keeps its version,
 and a mount without extended attributes still lets cp -a, rsync -aX and tar --xattrs copy.
 

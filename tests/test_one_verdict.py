@@ -1,4 +1,5 @@
-"""``n5fs validate`` and the mount's commit path give one verdict per key (issue 11).
+"""``n5fs validate`` and the mount's commit path give one verdict per key: a
+store validate passes copies through a mount, and what a mount refuses, validate reports.
 
 Each fixture is written by a real writer (TensorStore, zarr-python), then spoiled with keys
 the formats forbid. The same keys are then (a) validated in place and (b) committed one by one

@@ -1,5 +1,5 @@
 """n5fs as a service: the systemd unit, the TOML config, sd_notify, the mount(8) helper,
-journald logging, signals and stale-mount recovery (DESIGN.md "Daemon and service").
+journald logging, signals and stale-mount recovery, as docs/service.md promises them.
 
 Mounts are real and run in child processes (tests/mounting.py); the test plays systemd's part
 by owning the NOTIFY_SOCKET datagram socket and the JOURNAL_STREAM file.

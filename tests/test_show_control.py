@@ -1,4 +1,4 @@
-"""``-o show_control`` (issue 11): ``/.n5fs/`` is reachable by its path on every mount, and
+"""``-o show_control``: ``/.n5fs/`` is reachable by its path on every mount, and
 listed by ``readdir`` of the root only when the mount asks for it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Writes through ``--as n5`` over a Zarr store land as native Zarr (issue 13).
+"""Writes through ``--as n5`` over a Zarr store land as native Zarr.
 
 TensorStore's n5 driver writes into a temp folder first (a file kvstore) and its files are
 replayed into the view as it writes them on a mount (strace of its file kvstore): ``mkdir``

@@ -1,4 +1,4 @@
-"""Removing trees through a writable view removes the native data they stand for (issue 13).
+"""Removing trees through a writable view removes the native data they stand for.
 
 ``rm -r`` takes the names of a folder in listing order (``.zarray`` before ``0.0``; GNU rm
 sorts big folders by inode), so each test removes an array both ways: its document first

@@ -1,14 +1,15 @@
 """Keep the kernel's view true: tell it which cached attributes went stale, off the request path.
 
 The kernel caches what n5fs answered (attributes for ``attr_timeout``, names for
-``entry_timeout``; DESIGN.md "Reads and caches" makes both as long as the gateway's TTL). After
-a commit, a refusal, a rename or an unlink the gateway announces the paths whose cached view is
-now wrong (``Gateway.subscribe``): a refused new name, the files it rewrote on its own
-(``.zmetadata``, a parent ``zarr.json``), renamed and unlinked paths. Not the committed file
-itself when its bytes are the ones the kernel wrote (``own_writes=False``): its pages and name
-are true, and FUSE drops a file's cached size and times after each write. An :class:`Invalidator` passes each
-to libfuse (:func:`n5fs.fuse_front._lib.invalidate_path`), so ``cat .zmetadata`` after another
-metadata commit is not cut at the old size, and ``stat`` of a refused name asks again.
+``entry_timeout``; the front makes both as long as the gateway's TTL, so one listing answers the
+kernel's lookups as long as it answers the gateway's). After a commit, a refusal, a rename or an
+unlink the gateway announces the paths whose cached view is now wrong (``Gateway.subscribe``): a
+refused new name, the files it rewrote on its own (``.zmetadata``, a parent ``zarr.json``),
+renamed and unlinked paths. Not the committed file itself when its bytes are the ones the kernel
+wrote (``own_writes=False``): its pages and name are true, and FUSE drops a file's cached size
+and times after each write. An :class:`Invalidator` passes each to libfuse
+(:func:`n5fs.fuse_front._lib.invalidate_path`), so ``cat .zmetadata`` after another metadata
+commit is not cut at the old size, and ``stat`` of a refused name asks again.
 
 State and locks (the invalidator owns them): the pending paths (an insertion-ordered dict, so a
 burst is deduplicated and served in order), the ticket counters used by :meth:`settle`, the

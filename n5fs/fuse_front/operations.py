@@ -1,8 +1,9 @@
 """POSIX calls -> gateway calls. Every operation is one gateway call through one funnel.
 
-The funnel (:meth:`N5fsOperations._run`) turns every exception into the errno DESIGN.md's
-table promises: mfusepy answers any exception that is not an ``OSError`` with EINVAL, which
-on this filesystem means "content refused", so nothing may reach it raw. No format knowledge
+The funnel (:meth:`N5fsOperations._run`) turns every exception into the errno the table of
+``docs/semantics.md`` ("Errors") promises: mfusepy answers any exception that is not an
+``OSError`` with EINVAL, which on this filesystem means "content refused", so nothing may
+reach it raw. No format knowledge
 lives here. Operations n5fs cannot honour are left undefined so libfuse and the kernel do the
 right thing themselves: ``flock``/``fcntl`` locks are then kept by the kernel (they exclude
 each other between processes of this machine, which is what TensorStore's ``__lock`` files

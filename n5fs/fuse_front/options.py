@@ -2,7 +2,7 @@
 
 n5fs reads ``ro``/``rw`` and its own ``validate=``, ``cache_size=`` and ``cache_ttl=`` (so an
 fstab line can carry them); everything else goes to libfuse unchanged, which refuses what it
-does not know. n5fs then adds what DESIGN.md "Reads and caches" asks of the kernel: attr,
+does not know. n5fs then asks the kernel to cache what the gateway caches, and as long: attr,
 entry and negative timeouts equal to the gateway's TTL (one LIST answers the kernel's lookups
 as long as it answers the gateway's), ``kernel_cache`` on read-only mounts (re-reads at page
 cache speed), and on libfuse 2 ``big_writes`` (else writes arrive in 4 KiB pieces; libfuse 3
@@ -47,7 +47,8 @@ to browse to it asks for it.
 
 :func:`loop_options` sets libfuse 3's ``max_idle_threads``: otherwise some libfuse 3 releases
 (3.14 among them) pass their "unlimited" default through a range check that prints "Ignoring
-invalid max threads value 4294967295 > max (100000)." on every mount (libfuse issue #1003).
+invalid max threads value 4294967295 > max (100000)." on every mount: a bug of libfuse's own
+that a user would take for a misconfigured mount.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Where writes wait for their commit: a copy-on-write overlay on the stored object, in memory
 under one global budget, spilling to a sparse local temp file.
 
-Writes never load what they will not use (DESIGN.md "Consistency and concurrency"):
+Writes never load what they will not use, so a small change to a huge file costs neither its
+download nor its size in memory:
 
 - A new file or an ``O_TRUNC`` open starts empty (``base=None``) and never fetches anything.
 - Over a stored object (the *base*) nothing is fetched up front. Writes go to the overlay and
