@@ -10,14 +10,13 @@ two costs, and the right choice depends on the process:
 - a daemon (:func:`map_large_buffers`, every mount; why in :mod:`n5fs.gateway.reader`,
   "Memory"): long-lived, with cached buffers between transient ones in as many arenas as
   threads, so heaps fragment and RSS outgrows the cache budget. Buffers of
-  :data:`MMAP_THRESHOLD` and more get mappings of their own: peak RSS on S3 at ``--cache-size
-  256M`` went from 428-446 MiB to 342-344; each 4 MiB buffer costs its page faults (~2.5 ms of
-  CPU).
+  :data:`MMAP_THRESHOLD` and more get mappings of their own, so RSS comes back to the cache
+  budget after a burst of reads; each 4 MiB buffer costs its page faults.
 - a batch job (:func:`reuse_large_buffers`, ``n5fs validate``): its memory is bounded by its
   own window and it ends, so it reuses heap memory. Given a fresh mapping, every decoded 4 MiB
-  block cost a thousand page faults and its unmap a TLB shootdown on every core: validating
-  256 gzip blocks TensorStore wrote (696 MB) took 3.4-3.7 s from the command line against
-  1.7 s with buffers up to :data:`BATCH_MMAP_THRESHOLD` reused (peak RSS 71-79 MiB against 80).
+  block cost a thousand page faults and its unmap a TLB shootdown on every core, which
+  dominated validating gzip blocks from the command line; reusing buffers up to
+  :data:`BATCH_MMAP_THRESHOLD` removed that cost and left peak RSS about where it was.
 
 A threshold the user set (``MALLOC_MMAP_THRESHOLD_``, the ``glibc.malloc`` tunables) wins;
 elsewhere than glibc there is nothing to set.

@@ -273,7 +273,7 @@ assert mallinfo2().hblkhd - mapped < SIZE, (mapped, mallinfo2().hblkhd)
 )
 def test_validate_reuses_heap_memory_for_decoded_blocks(tmp_path: Path) -> None:
     """``n5fs validate`` is a batch job: each decoded 4 MiB block given a fresh mapping cost
-    its page faults and an unmap (2x the time of validating TensorStore's gzip N5 blocks)."""
+    its page faults and an unmap, which dominated validating TensorStore's gzip N5 blocks."""
     (tmp_path / ".zgroup").write_text('{"zarr_format": 2}')
     code = f"SIZE = {SIZE}\n" + _BATCH_CHECK
     result = subprocess.run(

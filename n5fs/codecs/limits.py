@@ -6,10 +6,10 @@ pass the limit, without ever holding more than ``limit + 1`` bytes.
 Every deflate decode (here and in the streaming checks) goes through :func:`inflater`: ISA-L's
 (the ``isal`` package, a dependency) when it imports, else zlib's. Why: a validated ``cp -r``
 of gzip chunks is bound by one stream's inflate (a chunk's check ends before its ``close()``
-returns and ``cp`` writes one file at a time). Fed in 64 KiB slices, per-thread CPU time, MB/s
-of input: on 4 MiB gzip N5 blocks of noisy uint16 written by Python's zlib, zlib 145, zlib-ng
-(the previous choice) 199, ISA-L (SIMD Huffman decoding) 325; on the blocks TensorStore writes
-for the mount benchmark (80 % kept), 218, 239 and 264. ISA-L checks the same headers,
+returns and ``cp`` writes one file at a time). Fed in 64 KiB slices, ISA-L (SIMD Huffman
+decoding) inflates more input per second of a thread's CPU than zlib and than zlib-ng (the
+previous choice), on blocks Python's zlib wrote and on those TensorStore writes alike (the
+figures are in ``docs/performance.md``). ISA-L checks the same headers,
 checksums and lengths as zlib (``tests/test_inflate.py`` holds them to zlib's verdicts),
 keeps the input an output limit left over in ``unconsumed_tail``, and releases the GIL per
 call.
@@ -222,8 +222,8 @@ def _zstd_frame_end(data: bytes, what: str) -> int:
 
 
 class _ZstdDecoders(threading.local):
-    """One ``zstandard.ZstdDecompressor`` per thread: building one per chunk cost 4x the
-    decode of a small chunk (10.6 vs 2.5 us for 16x16 uint16), and one object may not be used
+    """One ``zstandard.ZstdDecompressor`` per thread: building one per chunk cost several
+    times the decode of a small chunk (16x16 uint16), and one object may not be used
     by two threads at once (python-zstandard's rule). Each ``decompress`` call resets the
     decoder's session, so a corrupt or refused frame leaves nothing behind for the next."""
 

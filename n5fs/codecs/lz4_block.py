@@ -63,7 +63,7 @@ def checksum(data: bytes) -> int:
 
 def _lz4_compress(data: bytes) -> bytes:
     """A raw LZ4 block (numcodecs.LZ4 output without its 4-byte size prefix)."""
-    from numcodecs.lz4 import LZ4  # late: importing numcodecs costs ~0.1 s
+    from numcodecs.lz4 import LZ4  # late: importing numcodecs is slow; only lz4 pays it
 
     return bytes(LZ4().encode(data))[_SIZE_PREFIX.size :]
 
@@ -236,7 +236,7 @@ def decode_bare(block: bytes, limit: int, what: str = "lz4") -> bytes:
     """
     if limit > 0:
         try:
-            from numcodecs.lz4 import LZ4  # late: importing numcodecs costs ~0.1 s
+            from numcodecs.lz4 import LZ4  # late: importing numcodecs is slow; only lz4 pays it
 
             return bytes(LZ4().decode(_SIZE_PREFIX.pack(limit) + block))
         except (RuntimeError, ValueError):

@@ -208,7 +208,7 @@ class BloscCompression(N5Compression):
     typesize: int = field(default=1, compare=False)
 
     def encode(self, data: bytes) -> bytes:
-        from numcodecs import blosc  # late: importing numcodecs costs ~0.1 s
+        from numcodecs import blosc  # late: importing numcodecs is slow; only blosc pays it
 
         try:
             return bytes(

@@ -75,8 +75,8 @@ def chunk_key_pattern(ndim: int, separator: str, index: str, *, head: str = "") 
     """One regex for a whole chunk key: ``head`` (when given) and ``ndim`` indices, each
     matching ``index`` (a regex without groups), joined by ``separator``; group ``i`` holds
     index ``i``. ``fullmatch`` of it accepts exactly what splitting at ``separator`` and
-    matching every part would (no index can hold the separator), at a third of the cost: an
-    array asks it for every chunk it classifies. A head alone is a 0-d key (``c``, ``0``);
+    matching every part would (no index can hold the separator), at a fraction of the cost:
+    an array asks it for every chunk it classifies. A head alone is a 0-d key (``c``, ``0``);
     with neither, nothing matches."""
     parts = [re.escape(head)] if head else []
     parts += [f"({index})"] * ndim

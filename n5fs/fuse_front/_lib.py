@@ -3,12 +3,12 @@ bindings leave out.
 
 Importing this module loads libfuse, so nothing imports it before a mount is asked for
 (``n5fs --help`` works without libfuse). libfuse 3 is preferred where both are installed:
-mfusepy picks ``libfuse.so.2`` first, which writes in 4 KiB pieces (~100 MB/s) instead of
-libfuse 3's 1 MiB ones (600-730 MB/s, DESIGN.md "Reads and caches").
+mfusepy picks ``libfuse.so.2`` first, which writes in 4 KiB pieces instead of libfuse 3's
+1 MiB ones, at a fraction of the throughput (the figures are in ``docs/performance.md``).
 
 :class:`N5fsFUSE` adds what mfusepy's libfuse 3 glue leaves out: readdir hands the kernel
-full attributes (READDIRPLUS: ``ls -l`` of 2,000 files costs one getattr instead of 2,001; a
-cold scandir + lstat of 20,000 files took 0.49 s instead of 1.13 s here), ``ftruncate`` keeps
+full attributes (READDIRPLUS: ``ls -l`` of 2,000 files costs one getattr instead of 2,001, so
+a cold walk that stats every file sends no lookup per file), ``ftruncate`` keeps
 its file handle, ``rename`` keeps its ``RENAME_NOREPLACE``/``RENAME_EXCHANGE`` flags (dropping
 them would let ``mv -n`` clobber), and each open tells the kernel what to do with the pages it
 caches of the file (the operations' ``page_cache``: keep them, ``keep_cache``, when the file
@@ -315,8 +315,8 @@ class _StatFiller:
     from such a dict.
 
     Why: readdir-plus fills one per entry, and a dict per entry handed to mfusepy's generic
-    ``set_st_attrs`` (a loop of ``getattr``/``setattr``, a memset included) cost 3.7 us where
-    these assignments cost 0.5 us, and making the dict as much again. The fields common to
+    ``set_st_attrs`` (a loop of ``getattr``/``setattr``, a memset included) cost several times
+    these assignments, and making the dict as much again. The fields common to
     every entry (owner, block size) are set once; each entry sets all the others, so nothing
     of one entry leaks into the next. A dict of another shape goes to ``set_st_attrs``."""
 

@@ -39,8 +39,8 @@ store) is the gateway's to accept: the path invalidation drops attributes and ca
 not the name, so until ``entry_timeout`` the kernel sends that open as a plain open of an
 existing file (``stat`` does ask again, and answers ENOENT).
 
-Overflow: at most :data:`MAX_PENDING` distinct paths wait. The worker passes about 100,000 a
-second (measured on a real mount), so the bound is reached only when the kernel stops taking
+Overflow: at most :data:`MAX_PENDING` distinct paths wait. The worker passes paths to the kernel
+far faster than requests announce them, so the bound is reached only when the kernel stops taking
 notifications; then new paths are dropped, counted (``dropped``) and logged once per episode.
 That is not free: a dropped path keeps its cached attributes until ``attr_timeout``, as on a
 mount without invalidation, so the kernel may show a stale size or entry that long. It never

@@ -119,8 +119,8 @@ class Committer:
         everything else the commit changed. That is the kernel's case: it wrote those bytes
         itself, so its pages and name are true already, and FUSE drops a file's cached size
         and times after every write. Telling it cost a thread round trip and a wait per
-        committed file, more than the rest of a small file's commit (a ``cp -r`` of 20,000
-        small chunk files spent a third of its time there)."""
+        committed file, more than the rest of a small file's commit (a ``cp -r`` of many
+        small chunk files spent much of its time there)."""
         with self._lock:
             self._subscribers.append((callback, own_writes))
 

@@ -26,18 +26,17 @@ request of at least its *mmap threshold* with a mapping of its own (unmapped at 
 raises that threshold to the size of every such buffer freed (up to 32 MiB), after which 4 MiB
 chunk buffers come from the heaps of the threads' arenas, where a freed one stays resident
 unless it sits at a heap's top. Cached buffers live long and transient ones come and go between
-them, in as many arenas as threads, so the heaps fragment: measured on S3 (moto, ``-o ro
---cache-size 256M``, a sequential then a 4-thread read of 0.9 GiB of N5 chunks, 129 raw of 4 MiB
-and 129 gzip of ~3.2 MiB), the daemon's peak RSS was 428-446 MiB, 90-110 over its start (83)
-plus the budget, and stayed there after the reads (``MALLOC_ARENA_MAX=1``: 397-401, still 60
-over). With the threshold fixed at 2 MiB (:func:`~n5fs.malloc.map_large_buffers`, done once per
-process when a reader is built) the peak is 342-344 MiB and RSS after the reads is start +
-budget (1 MiB gave the same). The price: a buffer of 2 MiB or more is a fresh mapping, its pages
-faulted in and zeroed by the kernel instead of reused from a heap (~2.5 ms of CPU per 4 MiB; the
-full check of a 4 MiB zstd block at commit pays it too: 8.9 ms against 5.4 on a heap). Buffers
-below it stay on the heap: the kernel's 128 KiB reads, and the 1 MiB pieces a writer hands over,
-which staging keeps by reference (at 1 MiB each of those was a mapping of its own, and a ``cp
--r`` of raw 4 MiB chunks cost the daemon ~15 % more). A user's own ``MALLOC_MMAP_THRESHOLD_`` or
+them, in as many arenas as threads, so the heaps fragment: on S3 with a cache budget, the
+daemon's peak RSS rose well past its start plus the budget and stayed there after the reads
+(``MALLOC_ARENA_MAX=1`` narrowed the gap without closing it). With the threshold fixed at
+2 MiB (:func:`~n5fs.malloc.map_large_buffers`, done once per process when a reader is built)
+RSS after the reads is start + budget (1 MiB gave the same). The price: a buffer of 2 MiB or
+more is a fresh mapping, its pages faulted in and zeroed by the kernel instead of reused from a
+heap (CPU time per 4 MiB buffer, which the full check of a large block at commit pays too).
+Buffers below it stay on the heap: the kernel's 128 KiB reads, and the 1 MiB pieces a writer
+hands over, which staging keeps by reference (at 1 MiB each of those was a mapping of its own,
+and a ``cp -r`` of raw 4 MiB chunks cost the daemon more CPU). The figures are in
+``docs/performance.md``. A user's own ``MALLOC_MMAP_THRESHOLD_`` or
 ``glibc.malloc.mmap_threshold`` tunable wins.
 
 Concurrency: a handle's read-ahead state is one immutable :class:`ReadWindow`; ``read`` takes
@@ -262,7 +261,7 @@ class ObjectReader:
         the handle's next window."""
         if total is None or (total <= self.small_object and self.cache.admits(total)):
             # (one the cache would not keep is read by range: fetched whole, it was fetched
-            # whole again for every 128 KiB the kernel asked - 30 s for what took 4)
+            # whole again for every 128 KiB the kernel asked: many times a ranged read's time)
             if offset == 0:  # a reader starts this object: it may be walking the folder
                 self.prefetcher.read_whole(key)
             data = self.whole(key, version)

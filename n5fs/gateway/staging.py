@@ -176,7 +176,8 @@ class _Memory:
         """Room for bytes up to ``end``, or False (the budget said no). The reservation grows
         geometrically up to ``limit`` (one budget call per doubling, not per write); the
         bytearray grows by what is written, never filled with zeros ahead of it (the
-        copies and page faults of zero-filling were a third of a sequential write's cost)."""
+        copies and page faults of zero-filling were a large part of a sequential write's
+        cost)."""
         if end <= self.reserved:
             return True
         want = min(max(end, 2 * self.reserved), max(limit, end))

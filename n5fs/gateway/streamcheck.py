@@ -4,8 +4,8 @@ verdict that is only ever *accept* or *not sure*.
 
 Why: :meth:`~n5fs.formats.base.ArrayNode.validate_chunk` decodes a chunk whole and keeps the
 decoded copy; that costs more than the decode itself (a bounded one-shot inflate with
-``max_length`` is twice as slow as a streaming one here, and every fresh multi-MiB buffer
-pays its page faults), and it cannot start before the last byte is there. A streaming check
+``max_length`` is slower than a streaming one, and every fresh multi-MiB buffer pays its page
+faults), and it cannot start before the last byte is there. A streaming check
 can run while a chunk is written (:mod:`n5fs.gateway.prevalidate`) or on a whole stored
 chunk (:func:`passes`).
 
@@ -53,8 +53,8 @@ OUTPUT_PIECE = 256 << 10
 #: a decoder is fed at most this much input at a time. Why: zlib copies the input its output
 #: limit leaves over into ``unconsumed_tail`` at every call, so a 1 MiB write fed whole was
 #: copied ~25 times over (~13 MiB of copying per MiB); fed in 64 KiB slices that decode to
-#: less than OUTPUT_PIECE, a slice is one call and nothing is left over (measured on the
-#: bench's gzip N5 blocks: 236 MB/s of input fed in 1 MiB pieces, 287 MB/s in slices)
+#: less than OUTPUT_PIECE, a slice is one call and nothing is left over (faster on the
+#: benchmark's gzip N5 blocks than feeding the writer's 1 MiB pieces whole)
 FEED_PIECE = 64 << 10
 
 

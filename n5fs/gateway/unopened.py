@@ -4,20 +4,20 @@ reading a file and held by each until its next read.
 On a read-only mount of local files the kernel may open files by itself (libfuse's
 zero-message opens, engaged by the FUSE front): no OPEN, FLUSH or RELEASE reaches the gateway,
 and each READ names a path, not a handle. Reading 10k small files is then two FUSE calls each
-(lookup, read) instead of four, which took the benchmark's small-file read from about the
-passthrough's time to half of it.
+(lookup, read) instead of four: each call saved is a Python callback, and the per-file calls
+are what bound reading many small files.
 
 A read is answered with a descriptor that libfuse reads from itself, in C, after the callback
 returned (as handle reads are: :meth:`~n5fs.gateway.filecalls.FileCalls.read_fd`); answering
-with bytes instead cost a third of the throughput of large sequential reads (a Python
-``pread`` and a copy per 128 KiB, plus an open and a close). So the descriptor must outlive
+with bytes instead slowed large sequential reads markedly (a Python ``pread`` and a copy per
+128 KiB, plus an open and a close). So the descriptor must outlive
 the call, and nobody releases it. libfuse reads it on the thread that called, before that
 thread takes its next request: so each thread *holds* the descriptor of its last read until
 its own next read, and a descriptor is closed once no thread holds it. Threads reading one
 file share one descriptor, as the handles of one open do: the kernel spreads a reader's
 read-ahead over its threads, and a descriptor per thread split the backing file's own
-read-ahead into as many strided streams (cold reads of gzip N5 blocks fell to 0.4x of the
-passthrough). A descriptor serves new holders for up to :data:`REUSE_SECONDS`; after that a
+read-ahead into as many strided streams (cold reads of gzip N5 blocks fell far behind the
+passthrough's). A descriptor serves new holders for up to :data:`REUSE_SECONDS`; after that a
 read opens the file again, so a file replaced on disk is seen within that time, well inside
 the attribute timeout the kernel already keeps a file's pages for on such a mount.
 

@@ -15,7 +15,7 @@ Why local reads: where the store keeps a folder on a local disk (:meth:`KvStore.
 a batch opens each of its folders once and reads every chunk relative to it, ``openat`` with
 ``O_NOFOLLOW`` and one ``read`` of the size the listing gave, instead of ``get``'s full path
 resolution and buffered file object, or a path resolved per chunk (two ``lstat`` calls and a
-walk of the path by the kernel: half the time of checking a 16x16 zstd chunk). A chunk that
+walk of the path by the kernel: of the order of checking a small zstd chunk itself). A chunk that
 cannot be opened so (a link, gone) is asked of ``get``, which decides, as before, whether the
 key is there and where a link may lead.
 
