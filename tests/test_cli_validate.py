@@ -21,7 +21,7 @@ from n5fs.cli import commands
 from n5fs.cli.commands import EXIT_INVALID, EXIT_UNREADABLE
 from n5fs.cli.main import main
 from n5fs.detect import Source
-from n5fs.kvstore.wrappers import FaultyStore
+from n5fs.testing.doubles import FaultyStore
 from tests.writers import ramp, tensorstore_n5, zarr_python_hierarchy
 
 

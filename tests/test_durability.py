@@ -12,8 +12,8 @@ import pytest
 from n5fs.errors import InvalidSource
 from n5fs.fuse_front.options import parse_options
 from n5fs.gateway import Gateway, GatewayConfig
-from n5fs.kvstore import file as file_store
 from n5fs.kvstore.file import Durability, FileStore
+from n5fs.kvstore.file import store as file_store
 
 
 class Fsyncs:

@@ -41,7 +41,7 @@ from n5fs.fuse_front.options import (
 from n5fs.gateway import Attr, EntryKind, Gateway, GatewayConfig
 from n5fs.gateway.reader import PageCache
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import FaultyStore
+from n5fs.testing.doubles import FaultyStore
 
 ZARRAY = json.dumps(
     {

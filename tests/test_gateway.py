@@ -29,7 +29,8 @@ from n5fs.gateway import EntryKind, Gateway, GatewayConfig
 from n5fs.kvstore.base import KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import FaultyStore, ForwardingStore
+from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.testing.doubles import FaultyStore
 from tests.writers import ramp, tensorstore_n5, zarr_python_hierarchy
 
 N5_ATTRS = {

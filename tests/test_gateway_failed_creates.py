@@ -20,7 +20,7 @@ from n5fs.errors import N5fsError, NoSpace, StaleVersion, StoreUnavailable, errn
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import FaultyStore
+from n5fs.testing.doubles import FaultyStore
 from tests.test_many_mounts import Clock, doc, zarray
 
 

@@ -26,7 +26,8 @@ from n5fs.gateway.namespace import FolderSplitter
 from n5fs.kvstore.base import KeyInfo, KvStore, Listing
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import FaultyStore, ForwardingStore
+from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.testing.doubles import FaultyStore
 
 WAIT = 30.0
 ROWS, COLS = 12, 5  # a 24 x 10 array in 2 x 2 chunks: 12 chunk folders of 5 chunks

@@ -17,7 +17,8 @@ from n5fs.gateway.reader import PageCache
 from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import FaultyStore, ForwardingStore
+from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.testing.doubles import FaultyStore
 
 OLD = b"old bytes " * 1000
 NEW = b"NEW BYTES " * 1000  # same size: only the bytes tell the versions apart

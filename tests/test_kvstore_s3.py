@@ -59,7 +59,7 @@ def _peek(client: Any, bucket: str, name: str) -> bytes | None:
 
 @pytest.fixture(autouse=True)
 def _journal_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Multipart uploads are journaled (n5fs.kvstore.s3_uploads): in the test's directory."""
+    """Multipart uploads are journaled (n5fs.kvstore.s3.uploads): in the test's directory."""
     monkeypatch.setenv("N5FS_STATE_DIR", str(tmp_path / "state"))
 
 

@@ -31,13 +31,16 @@ from n5fs.errors import (
     StoreUnavailable,
     errno_of,
 )
-from n5fs.kvstore import open_store, tempnames, ziprewrite, zipwriter
+from n5fs.kvstore import open_store, tempnames
 from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.spec import FileSpec, S3Spec, ZipSpec, parse_spec
-from n5fs.kvstore.wrappers import FaultyStore, ForwardingStore, ReadOnlyStore
+from n5fs.kvstore.wrappers import ForwardingStore, ReadOnlyStore
 from n5fs.kvstore.zip import ZipStore
+from n5fs.kvstore.zip import rewrite as ziprewrite
+from n5fs.kvstore.zip import writer as zipwriter
+from n5fs.testing.doubles import FaultyStore
 from n5fs.testing.kvstore_contract import KvStoreContract
 
 ARCHIVE = "arch/a.zip"

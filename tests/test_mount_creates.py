@@ -28,7 +28,7 @@ from n5fs.fuse_front.mount import serve
 from n5fs.fuse_front.options import MountOptions, fuse_options
 from n5fs.gateway import Gateway
 from n5fs.kvstore.file import FileStore
-from n5fs.kvstore.wrappers import FaultyStore
+from n5fs.testing.doubles import FaultyStore
 
 store = FaultyStore(FileStore(sys.argv[1]))
 full = os.path.join(sys.argv[1], "FULL")  # while it exists, every commit finds the disk full

@@ -20,8 +20,8 @@ from botocore.exceptions import ClientError
 
 from n5fs.errors import VersionConflict, errno_of
 from n5fs.gateway.conditional import Conditional
-from n5fs.kvstore import s3_conditional
 from n5fs.kvstore.s3 import MiB, S3Store, translate
+from n5fs.kvstore.s3 import conditional as s3_conditional
 from n5fs.kvstore.spec import S3Spec
 from n5fs.kvstore.wrappers import ReadOnlyStore
 from n5fs.testing.s3_proxy import dropping_conditions
@@ -33,7 +33,7 @@ PREFIX = "root/"
 
 @pytest.fixture(autouse=True)
 def _journal_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Multipart uploads are journaled (n5fs.kvstore.s3_uploads): in the test's directory."""
+    """Multipart uploads are journaled (n5fs.kvstore.s3.uploads): in the test's directory."""
     monkeypatch.setenv("N5FS_STATE_DIR", str(tmp_path / "state"))
 
 

@@ -27,9 +27,10 @@ from botocore.exceptions import ClientError, ReadTimeoutError
 from n5fs.cli.config import ConfigError, S3Settings, parse_config, take_s3_options, with_s3
 from n5fs.cli.main import build_parser
 from n5fs.errors import InvalidSource, ReadOnly, StoreUnavailable, errno_of
-from n5fs.kvstore import s3_uploads, tempnames
+from n5fs.kvstore import tempnames
 from n5fs.kvstore.s3 import MiB, S3Store
-from n5fs.kvstore.s3_uploads import Upload, UploadJournal
+from n5fs.kvstore.s3 import uploads as s3_uploads
+from n5fs.kvstore.s3.uploads import Upload, UploadJournal
 from n5fs.kvstore.spec import S3Spec, parse_spec
 from n5fs.kvstore.wrappers import ReadOnlyStore
 

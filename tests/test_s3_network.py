@@ -24,7 +24,7 @@ from botocore.config import Config
 
 from n5fs.errors import StoreUnavailable, VersionConflict
 from n5fs.kvstore.s3 import MiB, S3Store
-from n5fs.kvstore.s3_retries import MAX_ATTEMPTS, RetryPolicy, SilentEndpoint, Throttle
+from n5fs.kvstore.s3.retries import MAX_ATTEMPTS, RetryPolicy, SilentEndpoint, Throttle
 from n5fs.kvstore.spec import S3Spec
 from n5fs.testing.s3_proxy import Fault, FaultProxy, fault_proxy
 

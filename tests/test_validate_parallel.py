@@ -18,7 +18,8 @@ from n5fs.formats.zarr2 import Zarr2ArrayNode, Zarr2Format
 from n5fs.kvstore import open_store
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import FaultyStore, ForwardingStore
+from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.testing.doubles import FaultyStore
 from n5fs.validate import (
     BATCH_BYTES,
     ChunkChecker,

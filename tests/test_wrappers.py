@@ -14,7 +14,8 @@ from n5fs.gateway import Gateway
 from n5fs.kvstore.base import Versioned
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import FaultyStore, ForwardingStore, ReadOnlyStore
+from n5fs.kvstore.wrappers import ForwardingStore, ReadOnlyStore
+from n5fs.testing.doubles import FaultyStore
 
 STABLE = ("f_bsize", "f_frsize", "f_blocks", "f_files")  # free counts move with other writers
 

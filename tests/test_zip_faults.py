@@ -26,12 +26,12 @@ import pytest
 from n5fs.cli.daemon import process_alive
 from n5fs.errors import NoSpace, errno_of
 from n5fs.fuse_front.mounts import mount_entry
-from n5fs.kvstore import ziprewrite
 from n5fs.kvstore.base import KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.spec import S3Spec
 from n5fs.kvstore.zip import ZipStore
+from n5fs.kvstore.zip import rewrite as ziprewrite
 from tests.mounting import NEEDS_FUSE, wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,7 +6,7 @@ URLs follow its pipeline syntax: a root URL, then ``|``-separated adapters
 ``base``, the archive's own key). URLs may drop knobs (endpoint, credentials); JSON keeps all.
 
 n5fs's own S3 knobs (``connect_timeout``, ``read_timeout``, ``max_retries``: see
-:mod:`n5fs.kvstore.s3` for their defaults) appear in the JSON only when they differ from the
+:mod:`n5fs.kvstore.s3.client` for their defaults) appear in the JSON only when they differ from the
 defaults, so a spec that uses none of them stays one TensorStore accepts.
 """
 
@@ -144,7 +144,7 @@ class FileSpec(StoreSpec):
         return cls(path=path)
 
 
-#: S3 request limits; :mod:`n5fs.kvstore.s3` explains the choice (one unresponsive request
+#: S3 request limits; :mod:`n5fs.kvstore.s3.client` explains the choice (one unresponsive request
 #: must fail within ~12 s, so that a POSIX call answers EIO within 30 s)
 S3_CONNECT_TIMEOUT = 2.0
 S3_READ_TIMEOUT = 4.0

@@ -25,7 +25,8 @@ from n5fs.errors import (
 )
 from n5fs.kvstore.base import ByteRange, KvStore, Versioned
 from n5fs.kvstore.spec import parse_spec, parse_url
-from n5fs.kvstore.wrappers import FaultyStore, ReadOnlyStore
+from n5fs.kvstore.wrappers import ReadOnlyStore
+from n5fs.testing.doubles import FaultyStore
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

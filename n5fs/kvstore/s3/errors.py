@@ -1,4 +1,5 @@
-"""The S3 error table (STYLE P4): boto3/botocore failures -> n5fs's error classes, in one place.
+"""The S3 error table: boto3/botocore failures -> n5fs's error classes, in one place, so a
+failure answers with the same class and errno whichever store call met it.
 
 ``translate`` names the store (bucket, endpoint) and the key in every message; callers
 ``raise translate(e, ...) from e`` so the boto3 exception stays as ``__cause__``.
@@ -61,7 +62,7 @@ ERROR_CODES: Mapping[str, type[N5fsError]] = {
 #: GET answers for a key that is absent (the hot path: no exception leaves the store)
 ABSENT = frozenset({"NoSuchKey", "NotFound", "404"})
 #: answers to a conditional write that another writer won (a NoSuchKey answering an
-#: ``If-Match`` is one too: :mod:`n5fs.kvstore.s3_conditional`)
+#: ``If-Match`` is one too: :mod:`n5fs.kvstore.s3.conditional`)
 CONFLICT = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "412"})
 #: GET answers for a range that starts past the end (or any range of an empty object)
 EMPTY_RANGE = frozenset({"InvalidRange", "416"})

@@ -3,13 +3,13 @@
 Two kinds of leftovers: incomplete multipart uploads (a writer died between
 CreateMultipartUpload and its completion or abort; the upload stays in the bucket, invisible to
 listings and billed) and the scratch objects of conditional-write probes that died mid-probe
-(:mod:`~n5fs.kvstore.s3_conditional`). ``validate`` reports both; ``sweep`` removes those whose
+(:mod:`~n5fs.kvstore.s3.conditional`). ``validate`` reports both; ``sweep`` removes those whose
 writer is gone.
 
-Why apart from :mod:`~n5fs.kvstore.s3`: the store sends requests; this module decides. Which
+Why apart from :mod:`~n5fs.kvstore.s3.store`: the store sends requests; this module decides. Which
 upload belongs to which writer comes from the local journals
-(:class:`~n5fs.kvstore.s3_uploads.UploadJournal`), whether it may go from
-:func:`~n5fs.kvstore.s3_uploads.upload_is_dead`, and a journal line of a dead writer is dropped
+(:class:`~n5fs.kvstore.s3.uploads.UploadJournal`), whether it may go from
+:func:`~n5fs.kvstore.s3.uploads.upload_is_dead`, and a journal line of a dead writer is dropped
 once its upload is gone from the server. The store hands in its requests as callables
 (list objects, list uploads, abort one), so nothing here speaks boto3.
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from n5fs.kvstore import s3_conditional, s3_uploads
 from n5fs.kvstore.keys import check_prefix
-from n5fs.kvstore.s3_uploads import Upload, UploadJournal
+from n5fs.kvstore.s3.conditional import SCRATCH_START, scratch_leftover
+from n5fs.kvstore.s3.uploads import Upload, UploadJournal, leftover_of, owners_of
 from n5fs.kvstore.tempnames import Leftover, Liveness, liveness
 
 if TYPE_CHECKING:
@@ -65,13 +65,13 @@ class S3Leftovers:
 
     def find(self, prefix: str = "") -> tuple[Leftover, ...]:
         """The incomplete multipart uploads under ``prefix`` (``dead`` as
-        :func:`~n5fs.kvstore.s3_uploads.upload_is_dead` decides), and the scratch objects of
-        interrupted probes (:mod:`~n5fs.kvstore.s3_conditional`)."""
+        :func:`~n5fs.kvstore.s3.uploads.upload_is_dead` decides), and the scratch objects of
+        interrupted probes (:mod:`~n5fs.kvstore.s3.conditional`)."""
         return _by_path(self._scan_uploads(prefix)[0] + self.scratch_objects(prefix))
 
     def scratch_objects(self, prefix: str) -> tuple[Leftover, ...]:
         """Probe scratch objects under ``prefix``: one LIST, at the root only."""
-        start = s3_conditional.SCRATCH_START
+        start = SCRATCH_START
         if not start.startswith(check_prefix(prefix)):
             return ()
         found = []
@@ -79,7 +79,7 @@ class S3Leftovers:
             for obj in page.get("Contents", ()):
                 rel = obj["Key"][len(self._prefix) :]
                 mtime = obj["LastModified"].timestamp()
-                leftover = s3_conditional.scratch_leftover(rel, int(obj["Size"]), mtime)
+                leftover = scratch_leftover(rel, int(obj["Size"]), mtime)
                 if leftover is not None:
                     found.append(leftover)
         return tuple(found)
@@ -87,14 +87,14 @@ class S3Leftovers:
     def _scan_uploads(self, prefix: str) -> tuple[tuple[Leftover, ...], frozenset[Upload]]:
         """The leftovers under ``prefix``, and every upload the server listed there."""
         check_prefix(prefix)
-        owners = s3_uploads.owners_of(self._journal.writers())
+        owners = owners_of(self._journal.writers())
         found: dict[Leftover, list[Upload]] = {}
         present: list[Upload] = []
         for item in self._uploads(self._prefix + prefix):
             upload = Upload(self._bucket, item["Key"], item["UploadId"])
             present.append(upload)
             path = upload.key[len(self._prefix) :]
-            leftover = s3_uploads.leftover_of(upload, item["Initiated"].timestamp(), path, owners)
+            leftover = leftover_of(upload, item["Initiated"].timestamp(), path, owners)
             found.setdefault(leftover, []).append(upload)
         with self._lock:
             self._reported.update(found)

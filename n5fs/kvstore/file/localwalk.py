@@ -1,9 +1,10 @@
 """The file store's flat listing: every key below a folder, with its size and time.
 
 Why it matters: a flat listing is the first step of ``n5fs validate`` (an array is listed once,
-its chunks may sit in sub-folders), so its cost is paid once per chunk: for 16x16 chunks, about
-what reading one costs. Why apart from :mod:`~n5fs.kvstore.file`: listing a tree of local
-folders cheaply and safely is a matter of POSIX calls, not of keys or durability.
+its chunks may sit in sub-folders), so its cost is paid once per chunk, and for small chunks
+it is not small beside reading them. Why apart from :mod:`~n5fs.kvstore.file.store`: listing
+a tree of local folders cheaply and safely is a matter of POSIX calls, not of keys or
+durability.
 
 The keys are those ``FileStore.list`` finds folder by folder, at less cost: each folder is
 opened once and its entries are stat'ed relative to it (``fstatat``: no walk of the whole path

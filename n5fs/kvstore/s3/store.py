@@ -4,10 +4,10 @@ Keys live under the spec's ``path`` (a prefix: ``"vol"`` and ``"vol/"`` both mea
 folder ``vol/``). Durability: ``set`` is one PUT, or above :data:`MULTIPART_THRESHOLD` a
 multipart upload that is completed only once every part is in (and aborted otherwise), so a
 reader never sees a torn value. Every multipart upload is journaled, so one that a killed
-process left is aborted by a later :meth:`S3Store.sweep` (:mod:`n5fs.kvstore.s3_uploads`).
-Errors are translated once, by :func:`~n5fs.kvstore.s3_errors.translate`.
+process left is aborted by a later :meth:`S3Store.sweep` (:mod:`n5fs.kvstore.s3.uploads`).
+Errors are translated once, by :func:`~n5fs.kvstore.s3.errors.translate`.
 
-Timeouts, retries and addressing are the client's (:mod:`~n5fs.kvstore.s3_client`): a silent
+Timeouts, retries and addressing are the client's (:mod:`~n5fs.kvstore.s3.client`): a silent
 endpoint costs a POSIX call an EIO within about 12 s, never a hang.
 
 Timestamps: user metadata ``x-amz-meta-mtime``, seconds with nine decimals (rclone's form;
@@ -16,7 +16,7 @@ reports LastModified: a LIST carries no user metadata). :meth:`S3Store.set_with_
 it with the PUT; :meth:`S3Store.set_mtime` copies the object onto itself with it. ``copy``
 and ``rename`` keep the source's time, headers, user metadata and storage class (not ACLs).
 
-Conditional writes (:meth:`S3Store.set_if`, :mod:`n5fs.kvstore.s3_conditional`): ``If-Match``
+Conditional writes (:meth:`S3Store.set_if`, :mod:`n5fs.kvstore.s3.conditional`): ``If-Match``
 (``If-None-Match: *`` to create) on the PUT or on CompleteMultipartUpload; a refusal is
 VersionConflict (EAGAIN), never EIO, never retried; versions are ETags compared as opaque
 strings; whether the endpoint honours them is probed once with a hidden scratch object.
@@ -41,20 +41,20 @@ from boto3.exceptions import S3UploadFailedError
 from botocore import exceptions as bce
 
 from n5fs.errors import InvalidSource, KeyNotFound, N5fsError, NotSupported, StoreUnavailable
-from n5fs.kvstore import s3_conditional, s3_integrity, s3_retries, s3_uploads
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned, slice_bytes
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix
-from n5fs.kvstore.s3_client import checksum_args, client_for, transfer_config
-from n5fs.kvstore.s3_errors import (
+from n5fs.kvstore.s3 import conditional, integrity, retries, uploads
+from n5fs.kvstore.s3.client import checksum_args, client_for, transfer_config
+from n5fs.kvstore.s3.errors import (
     ABSENT,
     EMPTY_RANGE,
     error_code,
     translate,
     unwrapped,
 )
-from n5fs.kvstore.s3_headers import MTIME_META, copy_args, format_mtime, mtime_of
-from n5fs.kvstore.s3_leftovers import S3Leftovers
-from n5fs.kvstore.s3_uploads import Upload, UploadJournal
+from n5fs.kvstore.s3.headers import MTIME_META, copy_args, format_mtime, mtime_of
+from n5fs.kvstore.s3.leftovers import S3Leftovers
+from n5fs.kvstore.s3.uploads import Upload, UploadJournal
 from n5fs.kvstore.spec import S3Spec
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class S3Store(KvStore):
         self._spec = spec
         self._prefix = dir_prefix(spec.path) if spec.path else ""
         self._client = client_for(spec, max_workers)
-        self._silent, self.throttle = s3_retries.attach(self._client, self.where, spec.max_attempts)
+        self._silent, self.throttle = retries.attach(self._client, self.where, spec.max_attempts)
         self._max_workers = max_workers
         self._threshold = multipart_threshold
         self._part_size = part_size
@@ -120,7 +120,7 @@ class S3Store(KvStore):
         self._pool_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         journal = UploadJournal()
-        s3_uploads.watch_uploads(self._client, journal)
+        uploads.watch_uploads(self._client, journal)
         self._leftovers = S3Leftovers(
             spec.bucket,
             self._prefix,
@@ -206,12 +206,12 @@ class S3Store(KvStore):
         return Versioned(data, answer.get("ETag"))
 
     def _read(self, key: str, range_header: str | None) -> tuple[dict[str, Any], bytes] | None:
-        """A GET read whole, resumed and checked (:func:`~n5fs.kvstore.s3_integrity.read_body`);
+        """A GET read whole, resumed and checked (:func:`~n5fs.kvstore.s3.integrity.read_body`);
         None for an absent key, empty bytes for a range past the end."""
         full = self._full(key)
         with self._errors(key):
             try:
-                return s3_integrity.read_body(
+                return integrity.read_body(
                     lambda **args: self._call("get_object", Key=full, **args),
                     key,
                     self.where,
@@ -267,7 +267,7 @@ class S3Store(KvStore):
     def _infos(self, page: Mapping[str, Any]) -> Iterator[KeyInfo]:
         for obj in page.get("Contents", ()):
             rel = self._relative(obj["Key"])
-            if rel is not None and not s3_conditional.is_scratch(rel):
+            if rel is not None and not conditional.is_scratch(rel):
                 mtime = obj["LastModified"].timestamp()
                 yield KeyInfo(rel, int(obj["Size"]), mtime, obj.get("ETag"))
 
@@ -326,11 +326,11 @@ class S3Store(KvStore):
         """Store ``value`` and return the answer that made the object: one PUT, or a
         multipart upload above the threshold (``condition`` on its CompleteMultipartUpload,
         ``meta`` user metadata). Acknowledged only once the store is known to hold exactly
-        these bytes (:mod:`~n5fs.kvstore.s3_integrity`): an answer showing other bytes is a
+        these bytes (:mod:`~n5fs.kvstore.s3.integrity`): an answer showing other bytes is a
         failed attempt, a failure whose outcome is unknown is resolved by a HEAD."""
         view = memoryview(value).cast("B")
         if len(view) < self._threshold:
-            digests = [s3_integrity.Digest(view)]
+            digests = [integrity.Digest(view)]
             extra = {"Metadata": meta} if meta else {}
 
             def send(cond: dict[str, str]) -> Any:
@@ -338,10 +338,10 @@ class S3Store(KvStore):
                 return self._call("put_object", Key=full, Body=bytes(view), **sums, **cond, **extra)
 
         else:
-            digests = s3_uploads.part_digests(view, self._part_size)
+            digests = uploads.part_digests(view, self._part_size)
 
             def send(cond: dict[str, str]) -> Any:
-                return s3_uploads.upload_in_parts(
+                return uploads.upload_in_parts(
                     self._call,
                     self._executor(),
                     full,
@@ -354,7 +354,7 @@ class S3Store(KvStore):
                 )
 
         multipart = len(view) >= self._threshold
-        etag = s3_integrity.expected_etag(digests, multipart=multipart)
+        etag = integrity.expected_etag(digests, multipart=multipart)
         crc32 = None if multipart else digests[0].crc32
         for attempt in range(1, PUT_ATTEMPTS + 1):
             try:
@@ -364,7 +364,7 @@ class S3Store(KvStore):
                     log.info("s3: %r landed although its answer was lost (%s)", full, exc)
                     return {"ETag": etag}
                 raise
-            if s3_integrity.stored_exactly(answer, etag, crc32) is not False:
+            if integrity.stored_exactly(answer, etag, crc32) is not False:
                 return answer
             log.warning(
                 "s3: %r stored other bytes than sent (ETag %s, sent %s; attempt %d of %d)",
@@ -375,7 +375,7 @@ class S3Store(KvStore):
                 PUT_ATTEMPTS,
             )
             if condition:
-                condition = s3_conditional.conditions(answer.get("ETag"))  # replace our own
+                condition = conditional.conditions(answer.get("ETag"))  # replace our own
         raise StoreUnavailable(
             f"s3: {full!r} in {self.where}: the endpoint stored other bytes than sent "
             f"{PUT_ATTEMPTS} times (ETags differ from the MD5 of the bytes)"
@@ -390,7 +390,7 @@ class S3Store(KvStore):
             return False
         if isinstance(exc, bce.ClientError):
             return int(exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) > 0
-        return isinstance(exc, s3_retries.BROKEN)
+        return isinstance(exc, retries.BROKEN)
 
     def _holds(self, full: str, etag: str, crc32: str | None) -> bool:
         def head() -> dict[str, Any] | None:
@@ -402,7 +402,7 @@ class S3Store(KvStore):
                 raise
             return answer
 
-        return s3_integrity.holds(head, etag, crc32)
+        return integrity.holds(head, etag, crc32)
 
     def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
         """A PUT with ``If-Match: version`` (``If-None-Match: *`` for None); above the
@@ -410,19 +410,19 @@ class S3Store(KvStore):
         ETag; a refusal (412, 409, or 404 to an ``If-Match``) is VersionConflict."""
         full = self._full(key)
         self._check_writable(key)
-        condition = s3_conditional.conditions(version)
+        condition = conditional.conditions(version)
         try:
             answer = self._put(full, value, condition)
         except (bce.BotoCoreError, bce.ClientError) as exc:
             code = error_code(exc) if isinstance(exc, bce.ClientError) else ""
-            refused = s3_conditional.conflict(code, key, version, self.where)
+            refused = conditional.conflict(code, key, version, self.where)
             raise (refused or translate(exc, self.where, key)) from exc
         etag: str | None = answer.get("ETag")
         return etag
 
     def probe_conditional_writes(self) -> str | None:
-        """Ask the endpoint (:func:`~n5fs.kvstore.s3_conditional.probe`); never raises."""
-        return s3_conditional.probe(self)
+        """Ask the endpoint (:func:`~n5fs.kvstore.s3.conditional.probe`); never raises."""
+        return conditional.probe(self)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Stream a local file up; boto3 goes multipart above the threshold (and aborts on
@@ -543,13 +543,14 @@ class S3Store(KvStore):
     # -- leftovers of killed writers: multipart uploads ------------------------------------
 
     def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
-        """Incomplete multipart uploads and probe scratch objects (:mod:`~n5fs.kvstore.s3_leftovers`)."""
+        """Incomplete multipart uploads and probe scratch objects
+        (:mod:`~n5fs.kvstore.s3.leftovers`)."""
         return self._leftovers.find(prefix)
 
     def remove_leftover(self, leftover: Leftover) -> None:
         """Abort the upload(s) behind ``leftover`` (journals pruned); delete a scratch object."""
         self._check_writable(leftover.path or "/")
-        if leftover.what == s3_conditional.SCRATCH_WHAT:
+        if leftover.what == conditional.SCRATCH_WHAT:
             self.delete(leftover.path)
             return
         self._leftovers.abort(leftover)

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, BinaryIO
 
 from n5fs.errors import StoreCorrupt
-from n5fs.kvstore import zipformat as zf
+from n5fs.kvstore.zip import format as zf
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator

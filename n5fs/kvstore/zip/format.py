@@ -4,7 +4,7 @@ Find the end-of-central-directory record (EOCD) in an archive's tail, follow the
 locator when there is one, parse the central directory into :class:`Member` records, and
 decode one member with its output bounded by the size the directory declares. No store I/O
 here: callers hand in bytes and a ``fetch(start, stop)``. Every malformed structure raises
-:class:`StoreCorrupt` naming the archive (``what``). Writing is :mod:`n5fs.kvstore.zipwriter`.
+:class:`StoreCorrupt` naming the archive (``what``). Writing is :mod:`n5fs.kvstore.zip.writer`.
 """
 
 from __future__ import annotations

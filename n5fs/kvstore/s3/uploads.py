@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from n5fs.errors import StoreUnavailable
 from n5fs.kvstore import tempnames
-from n5fs.kvstore.s3_integrity import Digest, expected_etag, stored_exactly
+from n5fs.kvstore.s3.integrity import Digest, expected_etag, stored_exactly
 from n5fs.kvstore.tempnames import Leftover, Liveness, Writer
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The index of a zip archive as a store exposes it, and reads of its members by range.
 
-Why apart from :mod:`~n5fs.kvstore.zip`: the store owns what changes (the overlay of pending
+Why apart from :mod:`~n5fs.kvstore.zip.store`: the store owns what changes (the overlay of pending
 writes, the swap of a rewritten archive, the locks that order them); what an archive *holds*
 is an immutable value built once per load or flush, and reading a member through it takes no
 lock (the store counts the read as a reader, so the archive is not swapped underneath it). So
@@ -8,9 +8,9 @@ the store holds its condition for the pointer to the current :class:`ArchiveInde
 never around the ranged GETs of a member.
 
 An index maps every exposed key (a member name under the store's inner ``path``, minus that
-path) to its :class:`~n5fs.kvstore.zipformat.Member`, keeps the keys sorted for listings by
+path) to its :class:`~n5fs.kvstore.zip.format.Member`, keeps the keys sorted for listings by
 bisection, and names the directory entries (they make prefixes). Member names that could
-escape (:func:`~n5fs.kvstore.zipformat.safe_name` refuses them) are left out; the caller is
+escape (:func:`~n5fs.kvstore.zip.format.safe_name` refuses them) are left out; the caller is
 told which, to warn once. Of duplicate names, the last member wins, as ``unzip`` has it.
 
 State: an :class:`ArchiveIndex` is frozen except for ``data_offsets``, a cache of where each
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from n5fs.errors import StoreCorrupt
-from n5fs.kvstore import zipformat as zf
-from n5fs.kvstore import ziprewrite as zr
 from n5fs.kvstore.base import ByteRange, KeyInfo, slice_bytes
+from n5fs.kvstore.zip import format as zf
+from n5fs.kvstore.zip import rewrite as zr
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping

@@ -2,7 +2,7 @@
 (or none, for public buckets), timeouts, retries, the connection pool, and the transfer
 settings of boto3's managed uploads and copies.
 
-Why apart from :mod:`~n5fs.kvstore.s3`: the store decides what to ask S3; this module decides
+Why apart from :mod:`~n5fs.kvstore.s3.store`: the store decides what to ask S3; this module decides
 how a request travels, and those settings carry reasons of their own (below) that change with
 endpoints and networks, not with the store's semantics.
 
@@ -21,8 +21,8 @@ during a large copy needs a larger ``read_timeout``; a slow link, a larger
 ``--s3-read-timeout``, ``--s3-retries``). DNS lookups are not bounded by these timeouts.
 A POSIX call that would make several requests one after another (a lookup per path
 component) does not pay this budget for each: once one request has timed out,
-:class:`~n5fs.kvstore.s3_errors.SilentEndpoint` fails the next 10 s of requests at once, so
-the call answers EIO about 8 s after the endpoint went silent (measured through a mount).
+:class:`~n5fs.kvstore.s3.retries.SilentEndpoint` fails the next 10 s of requests at once, so
+the call answers EIO within about one request's budget, not one budget per request.
 
 Stateless: functions of the spec; a client is thread-safe and belongs to its store.
 """
@@ -64,7 +64,7 @@ def client_for(spec: S3Spec, max_workers: int) -> Any:
     managed copy), so neither waits on a socket held by the other.
     """
     config = Config(
-        # one attempt: the retries are n5fs's own (:mod:`~n5fs.kvstore.s3_retries`)
+        # one attempt: the retries are n5fs's own (:mod:`~n5fs.kvstore.s3.retries`)
         retries={"total_max_attempts": 1, "mode": "standard"},
         connect_timeout=spec.connect_timeout,
         read_timeout=spec.read_timeout,

@@ -6,15 +6,15 @@ members serve byte ranges straight from the base; deflate, bzip2 and lzma member
 decoded with their output bounded by the size the directory declares (CRC checked on full
 reads). Member names that could escape (``..``, absolute, ``\\``, drive letters) are never
 exposed; directory entries make prefixes. The index and member reads are
-:mod:`~n5fs.kvstore.zipindex`; this module owns the overlay, the locks and the rewrite.
+:mod:`~n5fs.kvstore.zip.index`; this module owns the overlay, the locks and the rewrite.
 
 Writes collect in an overlay (values past ``spill_threshold``, or past ``memory_budget`` in
 total, go to anonymous temp files) that reads see first. :meth:`ZipStore.flush` (and
 ``close``) writes a whole new archive to a local temp file (unchanged members copied raw, new
-ones deflated or stored, see :class:`~n5fs.kvstore.zipwriter.ArchiveWriter`; ZIP64 where a
+ones deflated or stored, see :class:`~n5fs.kvstore.zip.writer.ArchiveWriter`; ZIP64 where a
 field needs it) and puts it in place atomically: beside the archive and renamed over it on a
 file base, else in ``tmp_dir`` and uploaded with ``base.put_file``
-(:mod:`~n5fs.kvstore.ziprewrite` owns placement, the space check and failure messages). A
+(:mod:`~n5fs.kvstore.zip.rewrite` owns placement, the space check and failure messages). A
 failed flush raises (:class:`~n5fs.errors.NoSpace` when room runs out) and leaves the old
 archive whole and the overlay pending, so a retry can succeed; :meth:`ZipStore.sweep` removes
 the temp archives of a daemon that was killed mid-rewrite. An absent (or empty) archive reads
@@ -33,13 +33,13 @@ import time
 from typing import TYPE_CHECKING, ClassVar
 
 from n5fs.errors import InvalidKey, KeyNotFound, ReadOnly, StoreCorrupt
-from n5fs.kvstore import ziprewrite as zr
-from n5fs.kvstore import zipwriter as zw
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix, split_path
 from n5fs.kvstore.registry import open_spec
 from n5fs.kvstore.spec import ZipSpec
-from n5fs.kvstore.zipindex import ArchiveIndex, MemberReads, build_index, live_infos, load_index
+from n5fs.kvstore.zip import rewrite as zr
+from n5fs.kvstore.zip import writer as zw
+from n5fs.kvstore.zip.index import ArchiveIndex, MemberReads, build_index, live_infos, load_index
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping

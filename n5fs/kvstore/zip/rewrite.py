@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, BinaryIO
 
 from n5fs.errors import InvalidKey, N5fsError, NoSpace
-from n5fs.kvstore import zipformat as zf
-from n5fs.kvstore import zipwriter as zw
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.keys import split_path
 from n5fs.kvstore.tempnames import (
@@ -45,6 +43,8 @@ from n5fs.kvstore.tempnames import (
     temp_name,
     writer_of,
 )
+from n5fs.kvstore.zip import format as zf
+from n5fs.kvstore.zip import writer as zw
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence

@@ -19,7 +19,7 @@ key once. The rule, for every query, listing, walk and command alike:
 Durability is a choice (:class:`Durability`), atomicity is not: every ``set``/``put_file``
 goes through a temp file and a rename, so a reader sees the old value or the new one. With
 ``COMMIT`` (the store's default) each returns durable: the two fsyncs cost more than the write
-itself (measured: 1 GiB in 4 MiB files, 0.5 s without, 2.4 s with them). With ``FSYNC`` (a
+itself, which only fills the page cache while they wait for the disk. With ``FSYNC`` (a
 mount's default) they are deferred to :meth:`FileStore.flush` (the mount's ``fsync()`` and
 unmount), as a local filesystem makes ``close()`` cheap and ``fsync()`` durable; the paths
 written since are remembered (a bounded set, synced early when full) under a leaf lock.
@@ -27,7 +27,7 @@ Folders a lookup walked (no link on their path) are remembered by (device, inode
 dict without a lock: one ``get`` or item set at a time, a hint re-checked at every use, and
 replaced whole when full.
 The file operations themselves (temp file + rename, fsync of a file or a folder, copies that
-keep holes) are :mod:`~n5fs.kvstore.localio`; this module decides when each is due.
+keep holes) are :mod:`~n5fs.kvstore.file.localio`; this module decides when each is due.
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ from n5fs.errors import (
     PrefixNotEmpty,
 )
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
-from n5fs.kvstore.keys import check_prefix, dir_prefix
-from n5fs.kvstore.localio import (
+from n5fs.kvstore.file.localio import (
     atomic_writer,
     can_sync_filesystem,
     copy_sparse,
@@ -63,7 +62,8 @@ from n5fs.kvstore.localio import (
     sync_filesystem,
     write_pieces,
 )
-from n5fs.kvstore.localwalk import walk_keys
+from n5fs.kvstore.file.localwalk import walk_keys
+from n5fs.kvstore.keys import check_prefix, dir_prefix
 from n5fs.kvstore.spec import FileSpec
 from n5fs.kvstore.tempnames import (
     PARTIAL_SUFFIX,
@@ -446,7 +446,7 @@ class FileStore(KvStore):
     def _walk_from(self, base: str, start: str) -> Sequence[KeyInfo]:
         """Every key below folder ``base`` whose name there starts with ``start``, unordered:
         the keys :meth:`_list_dir` would find folder by folder, at less cost per key; no
-        symlink is walked into (:mod:`~n5fs.kvstore.localwalk`)."""
+        symlink is walked into (:mod:`~n5fs.kvstore.file.localwalk`)."""
         return walk_keys(self._listed_folder(base), base, start, self._linked_stat)
 
     # -- commands ------------------------------------------------------------------------------
@@ -523,8 +523,9 @@ class FileStore(KvStore):
     def flush(self) -> None:
         """Make every set since the last flush durable (files, then their folders; past
         :data:`MAX_UNSYNCED` of them, one ``syncfs``); nothing to do when each set was
-        durable already (:attr:`Durability.COMMIT`). Why not an fsync per file there: a
-        ``cp -r`` of 20,000 small chunks spent a fifth of its time in 4,096 fsyncs at a time."""
+        durable already (:attr:`Durability.COMMIT`). Why not an fsync per file there: a copy of
+        many small chunks would spend a large share of its time in them; one ``syncfs`` is one
+        call."""
         with self._unsynced_lock:
             paths, self._unsynced = list(self._unsynced), {}
             untracked, self._untracked = self._untracked, 0

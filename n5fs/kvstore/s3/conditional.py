@@ -1,12 +1,12 @@
 """S3 conditional writes (``If-Match`` / ``If-None-Match``): what a refusal looks like, and
 whether an endpoint honours them at all.
 
-Many mounts of one bucket keep metadata consistent only if a PUT can be made conditional
-(issue 14). AWS S3 checks both headers on PutObject and CompleteMultipartUpload; some
-S3-compatible servers and proxies drop or ignore them, and then a conditional PUT silently
-overwrites. Such an endpoint cannot be recognised by its name, so :func:`probe` asks it: a
-scratch object is created twice with ``If-None-Match: *`` (the second must be refused) and
-written once with the ``If-Match`` of a wrong ETag (must be refused), then removed.
+Many mounts of one bucket keep metadata consistent only if a PUT can be made conditional.
+AWS S3 checks both headers on PutObject and CompleteMultipartUpload; some S3-compatible
+servers and proxies drop or ignore them, and then a conditional PUT silently overwrites.
+Such an endpoint cannot be recognised by its name, so :func:`probe` asks it: a scratch object
+is created twice with ``If-None-Match: *`` (the second must be refused) and written once with
+the ``If-Match`` of a wrong ETag (must be refused), then removed.
 
 A refusal arrives as a 412 PreconditionFailed, a 409 ConditionalRequestConflict (two
 conditional writes racing on AWS), or a 404 NoSuchKey answering an ``If-Match`` of a key
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from n5fs.errors import VersionConflict
 from n5fs.kvstore import tempnames
-from n5fs.kvstore.s3_errors import ABSENT, CONFLICT
+from n5fs.kvstore.s3.errors import ABSENT, CONFLICT
 from n5fs.kvstore.tempnames import Leftover
 
 if TYPE_CHECKING:

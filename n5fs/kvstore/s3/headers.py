@@ -1,6 +1,6 @@
 """What n5fs reads from and writes to S3 object headers: the time ``set_mtime`` gives an
 object (user metadata ``x-amz-meta-mtime``, as rclone and s3fs-fuse keep it), and the headers
-a server-side copy keeps. :mod:`n5fs.kvstore.s3` says why and how they are used.
+a server-side copy keeps. :mod:`n5fs.kvstore.s3.store` says why and how they are used.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Local-disk primitives of the file store: atomic replacement, fsync of files and folders,
 and copies that keep holes.
 
-Why apart from :mod:`~n5fs.kvstore.file`: these are plain POSIX file operations with no notion
+Why apart from :mod:`~n5fs.kvstore.file.store`: these are plain POSIX file operations with no notion
 of keys, roots or durability policy; the store decides *when* to call them (every ``set`` with
 ``Durability.COMMIT``, at ``flush`` with ``FSYNC``), this module only *how*. A temp file is
 hidden and names its writer (:func:`~n5fs.kvstore.tempnames.temp_name`), so a killed writer's
@@ -125,9 +125,8 @@ def atomic_writer(path: str, *, durable: bool = True) -> Iterator[BinaryIO]:
 
 
 def write_pieces(f: BinaryIO, data: bytes | memoryview) -> None:
-    """Write ``data`` in pieces of :data:`WRITE_PIECE`. Why: one 4 MiB ``write(2)`` into the
-    page cache cost the daemon 2.5x the CPU of the same bytes in 1 MiB pieces (measured: a
-    ``cp -r`` of 64 files of 4 MiB through a mount, 1.2 s against 0.47 s; the kernel copies a
+    """Write ``data`` in pieces of :data:`WRITE_PIECE`. Why: one large ``write(2)`` into the
+    page cache costs the daemon more CPU than the same bytes in pieces (the kernel copies a
     piece while its source is still in the CPU's cache), and a passthrough writes as the
     kernel hands it over, in pieces of at most 1 MiB."""
     view = memoryview(data).cast("B")
