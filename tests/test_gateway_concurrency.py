@@ -62,7 +62,9 @@ class Backend:
         return max(least, round(count * self.scale))
 
 
-@pytest.fixture(params=["memory", "file", pytest.param("s3", marks=pytest.mark.s3)])
+@pytest.fixture(
+    params=["memory", "file", pytest.param("s3", marks=[pytest.mark.s3, pytest.mark.slow])]
+)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "memory":
         yield Backend("memory", MemoryStore(), 1.0)

@@ -101,6 +101,10 @@ class TestS3Store(KvStoreContract):
         assert isinstance(store, S3Store)
         return _peek(self.client, store.spec.bucket, PREFIX + key)
 
+    @pytest.mark.slow
+    def test_list_many_keys(self, store: KvStore) -> None:
+        super().test_list_many_keys(store)
+
 
 # -- large values: multipart ------------------------------------------------------------------
 
@@ -125,11 +129,13 @@ def _assert_multipart_and_ranges(store: S3Store, client: Any, key: str, value: b
     assert hashlib.sha256(whole).digest() == hashlib.sha256(value).digest()
 
 
+@pytest.mark.slow
 def test_set_large_value_goes_multipart(s3store: S3Store, client: Any, big_value: bytes) -> None:
     s3store.set("big/set", big_value)
     _assert_multipart_and_ranges(s3store, client, "big/set", big_value)
 
 
+@pytest.mark.slow
 def test_put_file_large_value_goes_multipart(
     s3store: S3Store, client: Any, big_value: bytes, tmp_path: Path
 ) -> None:
@@ -173,6 +179,7 @@ def test_managed_copy_above_single_copy_limit(spec: S3Spec, client: Any) -> None
 # -- listing ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_listing_pages_past_1000_keys_and_delete_prefix(s3store: S3Store, client: Any) -> None:
     # the contract's test_list_many_keys lists 2,500 keys with a delimiter; this one checks
     # what else crosses a page boundary (moto seeds ~250 keys/s, so it stays just past one)
@@ -284,6 +291,7 @@ def _closed_port() -> int:
     return port
 
 
+@pytest.mark.slow
 def test_unreachable_endpoint_is_store_unavailable() -> None:
     spec = S3Spec(bucket="bkt1", endpoint=f"http://127.0.0.1:{_closed_port()}", max_retries=0)
     store = S3Store(spec)

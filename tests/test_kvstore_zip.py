@@ -885,6 +885,7 @@ class TestZipOverFile(_ZipContract):
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 class TestZipOverS3(_ZipContract):
     @pytest.fixture
     def store(self, s3_server: Any, s3_bucket: str) -> ZipStore:

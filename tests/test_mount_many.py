@@ -18,7 +18,7 @@ import pytest
 
 from n5fs.testing.s3_proxy import dropping_conditions
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
 #: zarr-python creations per node in the three-node test: each rewrites the consolidated root,
 #: so 30 in all race for it (60 took 32 s of the suite's time)

@@ -144,6 +144,7 @@ def _run_watched(calls: dict[str, Callable[[], object]]) -> dict[str, BaseExcept
     return raised
 
 
+@pytest.mark.slow
 def test_unresponsive_endpoint_answers_eio_not_a_hang(silent: SilentServer) -> None:
     """With the default timeouts, opening, reading and listing each fail with EIO."""
     spec = S3Spec(bucket="bkt1", path="p/", endpoint=silent.endpoint)

@@ -112,6 +112,7 @@ def test_a_multipart_part_cut_short_is_sent_again(
     assert hashlib.md5(held).digest() == hashlib.md5(data).digest()
 
 
+@pytest.mark.slow
 def test_one_key_that_always_resets_fails_alone(
     store: S3Store, proxy: FaultProxy, bucket: Any
 ) -> None:
@@ -140,6 +141,7 @@ def test_a_write_whose_answer_is_lost_is_resolved_before_the_caller_hears(
         store.set_if("doc.json", b'{"a": 2}', version=None)
 
 
+@pytest.mark.slow
 def test_resets_and_5xx_on_a_tenth_of_requests_cost_no_write(
     store: S3Store, proxy: FaultProxy, bucket: Any
 ) -> None:
@@ -155,6 +157,7 @@ def test_resets_and_5xx_on_a_tenth_of_requests_cost_no_write(
     assert store.get_many([f"r/{i}" for i in range(64)]) == {f"r/{i}": value(i) for i in range(64)}
 
 
+@pytest.mark.slow
 def test_slow_down_throttles_the_store_instead_of_failing_writers(
     store: S3Store, proxy: FaultProxy, bucket: Any
 ) -> None:

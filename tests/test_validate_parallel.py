@@ -378,6 +378,7 @@ def test_the_listing_waits_while_the_window_is_full(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.s3
+@pytest.mark.slow
 def test_s3_chunks_are_checked_page_by_page(s3_server: Any, s3_bucket: str) -> None:
     store = open_store(
         {
