@@ -100,11 +100,16 @@ def array_run(endpoint: str, work: Path, name: str, chunks: int, latency: float)
         check=False,
     )
     with mounted(source_of(endpoint, bucket), work / f"chk-{bucket}", state, "--read-only") as _:
-        stored = zarr.open_array(str(work / f"chk-{bucket}" / "arr"), mode="r")[...]
+        try:
+            stored = zarr.open_array(str(work / f"chk-{bucket}" / "arr"), mode="r")[...]
+        except OSError:  # damaged bytes in the bucket: a checked read refuses them
+            stored = None
     return {
         "failed": failed,
         "read": "equal" if read_ok else "WRONG/failed",
-        "stored": "exact" if np.array_equal(stored, values) and check.returncode == 0 else "BAD",
+        "stored": "exact"
+        if stored is not None and np.array_equal(stored, values) and check.returncode == 0
+        else f"BAD (validate exit {check.returncode}{', unreadable' if stored is None else ''})",
         "write_s": wrote,
         "read_s": read,
         "injected": injected,

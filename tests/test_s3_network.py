@@ -95,6 +95,8 @@ def test_a_put_cut_short_every_time_fails_and_is_never_acknowledged(
     proxy.inject(Fault("truncate", method="PUT", key="bad"))
     with pytest.raises(StoreUnavailable, match="other bytes than sent"):
         store.set("bad", value(1))
+    assert proxy.injected["truncate"] == 5
+    assert bucket("bad") is None  # the damaged bytes the last attempt stored are removed
     store.set("good", value(2))
     assert bucket("good") == value(2)
 

@@ -210,6 +210,7 @@ class SilentEndpoint:
         with self._lock:
             now = self.clock()
             if now >= self._silent_until:
+                self._probing = False  # a probe lost without an event cannot block the next
                 return
             if not self._probing:
                 self._probing = True
@@ -265,7 +266,7 @@ class Throttle:
 
     def __init__(
         self,
-        floor: float = 20.0,
+        floor: float = 50.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:

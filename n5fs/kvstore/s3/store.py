@@ -71,7 +71,7 @@ PART_SIZE = 16 * MiB
 #: the largest object a single CopyObject may copy; above it, a multipart copy
 SINGLE_COPY_LIMIT = 5 * 1024 * MiB
 #: attempts of one write whose answer shows other bytes stored than sent
-PUT_ATTEMPTS = 3
+PUT_ATTEMPTS = 5
 #: S3 caps DeleteObjects at 1,000 keys
 _DELETE_BATCH = 1000
 #: keys per request of a :meth:`S3Store.walk` (S3's cap, asked for explicitly so that an
@@ -356,6 +356,7 @@ class S3Store(KvStore):
         multipart = len(view) >= self._threshold
         etag = integrity.expected_etag(digests, multipart=multipart)
         crc32 = None if multipart else digests[0].crc32
+        damaged: str | None = None  # the ETag of damaged bytes our last attempt stored
         for attempt in range(1, PUT_ATTEMPTS + 1):
             try:
                 answer = send(condition)
@@ -363,9 +364,12 @@ class S3Store(KvStore):
                 if self._resolvable(exc) and self._holds(full, etag, crc32):
                     log.info("s3: %r landed although its answer was lost (%s)", full, exc)
                     return {"ETag": etag}
+                if damaged is not None:
+                    self._remove_damaged(full, damaged)
                 raise
             if integrity.stored_exactly(answer, etag, crc32) is not False:
                 return answer
+            damaged = answer.get("ETag")
             log.warning(
                 "s3: %r stored other bytes than sent (ETag %s, sent %s; attempt %d of %d)",
                 full,
@@ -375,11 +379,26 @@ class S3Store(KvStore):
                 PUT_ATTEMPTS,
             )
             if condition:
-                condition = conditional.conditions(answer.get("ETag"))  # replace our own
+                condition = conditional.conditions(damaged)  # replace our own
+        if damaged is not None:
+            self._remove_damaged(full, damaged)
         raise StoreUnavailable(
             f"s3: {full!r} in {self.where}: the endpoint stored other bytes than sent "
             f"{PUT_ATTEMPTS} times (ETags differ from the MD5 of the bytes)"
         )
+
+    def _remove_damaged(self, full: str, etag: str) -> None:
+        """Delete the damaged bytes a failed write left at ``full`` (only while they are
+        still there: ``If-Match``), so readers find the key absent rather than corrupt. Our
+        write had replaced whatever was there before, so nothing good is lost. An endpoint
+        that ignores ``If-Match`` on deletes could remove another writer's bytes that landed
+        in between; one that refuses it keeps the damaged bytes: either is logged."""
+        try:
+            self._call("delete_object", Key=full, IfMatch=etag)
+        except (bce.BotoCoreError, bce.ClientError):
+            log.exception("s3: could not remove the damaged bytes stored at %r", full)
+            return
+        log.warning("s3: removed the damaged bytes a failed write stored at %r", full)
 
     def _resolvable(self, exc: BaseException) -> bool:
         """Whether a failed write may have landed all the same: the connection broke, or an

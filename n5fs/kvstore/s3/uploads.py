@@ -55,7 +55,7 @@ MAX_PARTS = 10_000
 #: parts of one in-memory value in flight at once (each is a copy: botocore wants bytes)
 PARTS_IN_FLIGHT = 4
 #: sends of one part whose answer shows other bytes stored than sent
-PART_ATTEMPTS = 3
+PART_ATTEMPTS = 5
 #: the clock leftovers are aged by (tests replace it)
 now: Callable[[], float] = time.time
 
