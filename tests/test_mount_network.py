@@ -154,6 +154,9 @@ def test_one_key_whose_every_put_fails_fails_alone(
     assert all(stored(f"fine{i}.bin") == b"%d" % i for i in range(16))
     assert stored("cursed.bin") is None
     assert not (mounted / "cursed.bin").exists()
+    stats = json.loads((mounted / ".n5fs" / "stats.json").read_text())
+    assert stats["s3_retries"] == proxy.injected["reset_before"] - 1  # 10 attempts, 9 retries
+    assert stats.get("s3_failed_fast", 0) == 0
 
 
 def test_a_minute_of_mixed_faults_loses_and_corrupts_nothing(

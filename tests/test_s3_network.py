@@ -87,6 +87,7 @@ def test_a_put_body_cut_short_and_answered_200_is_never_acknowledged(
         store.set(f"c/{i}", value(i))
     assert proxy.injected["truncate"] == 16
     assert all(bucket(f"c/{i}") == value(i) for i in range(16))
+    assert store.fault_counters()["s3_writes_resent"] == 16
 
 
 def test_a_put_cut_short_every_time_fails_and_is_never_acknowledged(
@@ -97,6 +98,7 @@ def test_a_put_cut_short_every_time_fails_and_is_never_acknowledged(
         store.set("bad", value(1))
     assert proxy.injected["truncate"] == 5
     assert bucket("bad") is None  # the damaged bytes the last attempt stored are removed
+    assert store.fault_counters()["s3_damaged_removed"] == 1
     store.set("good", value(2))
     assert bucket("good") == value(2)
 
@@ -168,6 +170,9 @@ def test_slow_down_throttles_the_store_instead_of_failing_writers(
         list(pool.map(lambda i: store.set(f"t/{i}", value(i)), range(64)))
     assert proxy.injected["status"] > 0
     assert store.throttle.throttles == proxy.injected["status"]  # each one slowed the store
+    counters = store.fault_counters()
+    assert counters["s3_throttled"] == proxy.injected["status"]
+    assert counters["s3_retries"] == proxy.injected["status"]
     assert all(bucket(f"t/{i}") == value(i) for i in range(64))
 
 
@@ -182,6 +187,7 @@ def test_a_body_that_breaks_is_resumed_with_a_ranged_get(store: S3Store, proxy: 
     assert [store.get(f"g/{i}") for i in range(8)] == [value(i, 64 * 1024) for i in range(8)]
     assert proxy.injected["reset_mid_body"] == 8
     assert proxy.counts["GET range"] == 8  # each resumed once, from the byte reached
+    assert store.fault_counters()["s3_reads_resumed"] == 8
 
 
 def test_an_error_answer_whose_body_breaks_is_asked_again(

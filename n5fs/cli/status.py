@@ -102,6 +102,11 @@ def counters_line(counters: Mapping[str, Any]) -> str:
         value = counters.get(name, 0)
         return value if isinstance(value, int) else 0
 
+    network = (
+        [f"S3: {n('s3_retries')} retries, {n('s3_throttled')} throttled"]
+        if "s3_rate_limit" in counters
+        else []
+    )
     return ", ".join(
         [
             f"{n('commits')} commits",
@@ -113,6 +118,7 @@ def counters_line(counters: Mapping[str, Any]) -> str:
             f"{human_bytes(n('cache_bytes'))} cached",
             f"{n('open_handles')} open files",
             f"{human_bytes(n('staging_bytes'))} staged",
+            *network,
         ]
     )
 

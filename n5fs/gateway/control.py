@@ -53,9 +53,11 @@ class ControlEntries:
         reader: ObjectReader,
         files: OpenFiles,
         budget: StagingBudget,
+        store: KvStore,
         consistency: str = "ttl",
     ) -> None:
         self.committer = committer
+        self.store = store
         self.consistency = consistency
         self.view = view
         self.reader = reader
@@ -115,4 +117,5 @@ class ControlEntries:
             "staging_bytes": self.budget.used,
             "open_handles": self.files.handle_count(),
             "leftovers_removed": self.leftovers_removed,
+            **self.store.fault_counters(),
         }

@@ -128,7 +128,7 @@ class Gateway:
             store, self.view, self.files, self.committer, self.reader, self.detector
         )
         self.control = ControlEntries(
-            self.committer, self.view, self.reader, self.files, self.budget, cfg.consistency
+            self.committer, self.view, self.reader, self.files, self.budget, store, cfg.consistency
         )
         self.calls = FileCalls(
             store,

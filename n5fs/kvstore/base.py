@@ -329,6 +329,11 @@ class KvStore(abc.ABC):
     def remove_leftover(self, leftover: Leftover) -> None:
         """Remove one leftover this store reported."""
 
+    def fault_counters(self) -> dict[str, int]:
+        """How often the store met faults it handled (retries, throttling, writes resolved,
+        reads resumed): ``/.n5fs/stats.json`` shows them. Stores with no network have none."""
+        return {}
+
     def sweep(self, prefix: str = "") -> tuple[Leftover, ...]:
         """Remove the leftovers of writers that are gone; return what was removed."""
         removed = []

@@ -140,6 +140,9 @@ class ForwardingStore(KvStore):
     def probe_conditional_writes(self) -> str | None:
         return self.inner.probe_conditional_writes()
 
+    def fault_counters(self) -> dict[str, int]:
+        return self.inner.fault_counters()
+
     def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
         return self.inner.leftovers(prefix)
 

@@ -136,8 +136,16 @@ def holds(head: Callable[[], Mapping[str, Any] | None], etag: str, crc32: str | 
     return answer is not None and bool(stored_exactly(answer, etag, crc32))
 
 
+def _uncounted(_: str) -> None:
+    """Counts nothing (for callers that keep no counts)."""
+
+
 def read_body(
-    get: Callable[..., dict[str, Any]], key: str, where: str, range_header: str | None = None
+    get: Callable[..., dict[str, Any]],
+    key: str,
+    where: str,
+    range_header: str | None = None,
+    count: Callable[[str], None] = _uncounted,
 ) -> tuple[dict[str, Any], bytes]:
     """The answer of ``get(**args)`` and its body read whole, resumed where it breaks and
     checked where it can be (module docstring). ``range_header`` is the HTTP range asked for
@@ -146,15 +154,18 @@ def read_body(
 
     botocore checks a whole object's full checksum itself when the answer carries one (it asks
     for it on every GET) and its body arrives in one piece; a resumed body, or an object with
-    no such checksum, is checked here."""
+    no such checksum, is checked here. ``count`` is told each ``s3_reads_again`` (a read
+    begun anew) and ``s3_reads_resumed`` (a body resumed by range)."""
     for reread in range(REREADS + 1):
+        if reread:
+            count("s3_reads_again")
         try:
             answer = get(**({"Range": range_header} if range_header else {}))
         except ERROR_BODY_FAULTS as exc:
             log.debug("s3: the answer to a GET of %r broke (%s); asking again", key, exc)
             continue
         try:
-            read = _pieces(get, answer, key, where)
+            read = _pieces(get, answer, key, where, count)
         except bce.ChecksumError as exc:  # botocore's check of an unbroken body
             log.warning("s3: %r in %s read back damaged (read %d): %s", key, where, reread + 1, exc)
             continue
@@ -183,7 +194,11 @@ def _span(answer: Mapping[str, Any]) -> tuple[int, int | None]:
 
 
 def _pieces(
-    get: Callable[..., dict[str, Any]], answer: dict[str, Any], key: str, where: str
+    get: Callable[..., dict[str, Any]],
+    answer: dict[str, Any],
+    key: str,
+    where: str,
+    count: Callable[[str], None],
 ) -> tuple[list[bytes], bool] | None:
     """The body of ``answer`` in pieces, and whether a break was resumed (None: the object
     was replaced meanwhile, or a resumption did not answer the range asked for)."""
@@ -205,6 +220,7 @@ def _pieces(
                     f"({got} bytes read): {exc}"
                 ) from exc
             log.debug("s3: body of %r broke after %d bytes (%s); resuming", key, got, exc)
+            count("s3_reads_resumed")
         else:
             return pieces, resume > 0
         wanted = f"bytes={first + got}-{'' if last is None else last}"

@@ -58,6 +58,7 @@ __all__ = [
     "MAX_ATTEMPTS",
     "RetryPolicy",
     "SilentEndpoint",
+    "Tally",
     "Throttle",
     "attach",
 ]
@@ -106,6 +107,23 @@ def _code_and_status(response: Any) -> tuple[str, int]:
     return code, int(getattr(http, "status_code", 0) or 0)
 
 
+class Tally:
+    """Named counts of the faults a store handled (``/.n5fs/stats.json``), added from any
+    thread: a dict under its own lock, held for one addition."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, name: str, amount: int = 1) -> None:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + amount
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
 class RetryPolicy:
     """The ``needs-retry`` handler (module docstring): returns the seconds to sleep before the
     next attempt, or None to stop. ``timeout_attempts`` is the spec's ``max_attempts``."""
@@ -115,6 +133,7 @@ class RetryPolicy:
         timeout_attempts: int,
         throttle: Throttle | None = None,
         *,
+        tally: Tally | None = None,
         max_attempts: int = MAX_ATTEMPTS,
         deadline: float = DEADLINE,
         clock: Callable[[], float] = time.monotonic,
@@ -124,6 +143,7 @@ class RetryPolicy:
         self.max_attempts = max_attempts
         self.deadline = deadline
         self.throttle = throttle
+        self.tally = tally or Tally()
         self.clock = clock
         self._rng = rng or random.Random()
 
@@ -142,6 +162,7 @@ class RetryPolicy:
         throttled = False
         if caught_exception is not None:
             if isinstance(caught_exception, TIMEOUTS):
+                self.tally.add("s3_timeouts")
                 state["timeouts"] = state.get("timeouts", 0) + 1
                 if state["timeouts"] >= self.timeout_attempts:
                     return None
@@ -152,8 +173,10 @@ class RetryPolicy:
             if code not in TRANSIENT_CODES and status not in TRANSIENT_STATUS:
                 return None
             throttled = code in THROTTLE_CODES or status == 429
-            if throttled and self.throttle is not None:
-                self.throttle.throttled()
+            if throttled:
+                self.tally.add("s3_throttled")
+                if self.throttle is not None:
+                    self.throttle.throttled()
         if attempts >= self.max_attempts:
             return None
         if "start" in state and self.clock() - state["start"] >= self.deadline:
@@ -162,6 +185,7 @@ class RetryPolicy:
             BACKOFF_CAP, (THROTTLE_BASE if throttled else BACKOFF_BASE) * 2 ** (attempts - 1)
         )
         delay = self._rng.uniform(0, ceiling)
+        self.tally.add("s3_retries")
         what = type(caught_exception).__name__ if caught_exception else _code_and_status(response)
         log.debug("s3: attempt %d failed (%s); again in %.3f s", attempts, what, delay)
         return delay
@@ -186,9 +210,14 @@ class SilentEndpoint:
     """
 
     def __init__(
-        self, where: str, cooldown: float = 10.0, clock: Callable[[], float] = time.monotonic
+        self,
+        where: str,
+        cooldown: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        tally: Tally | None = None,
     ) -> None:
         self.where = where
+        self.tally = tally or Tally()
         self.cooldown = cooldown
         self.clock = clock
         self._lock = threading.Lock()
@@ -218,6 +247,7 @@ class SilentEndpoint:
                     context["n5fs_probe"] = True
                 return
             since, left = now - self._since, self._silent_until - now
+        self.tally.add("s3_failed_fast")
         raise StoreUnavailable(
             f"s3 endpoint of {self.where} did not answer a request {since:.0f} s ago (timed "
             f"out after its retries); failing at once for {left:.0f} s more unless a request "
@@ -349,10 +379,13 @@ class Throttle:
             log.info("s3: the endpoint throttles; at most %.0f requests/s for now", self._rate)
 
 
-def attach(client: Any, where: str, timeout_attempts: int) -> tuple[SilentEndpoint, Throttle]:
+def attach(
+    client: Any, where: str, timeout_attempts: int, tally: Tally
+) -> tuple[SilentEndpoint, Throttle]:
     """Put the policy on ``client``: its retries, its silent-endpoint breaker and its
-    throttle (the client's own retries must be off: ``total_max_attempts`` 1)."""
+    throttle (the client's own retries must be off: ``total_max_attempts`` 1), counting
+    what they do in ``tally``."""
     throttle = Throttle().attach(client)
-    policy = RetryPolicy(timeout_attempts, throttle)
+    policy = RetryPolicy(timeout_attempts, throttle, tally=tally)
     client.meta.events.register("needs-retry.s3", policy.needs_retry)
-    return SilentEndpoint(where).attach(client), throttle
+    return SilentEndpoint(where, tally=tally).attach(client), throttle

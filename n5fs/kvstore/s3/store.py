@@ -111,7 +111,11 @@ class S3Store(KvStore):
         self._spec = spec
         self._prefix = dir_prefix(spec.path) if spec.path else ""
         self._client = client_for(spec, max_workers)
-        self._silent, self.throttle = retries.attach(self._client, self.where, spec.max_attempts)
+        #: the faults this store handled (:meth:`fault_counters`)
+        self.tally = retries.Tally()
+        self._silent, self.throttle = retries.attach(
+            self._client, self.where, spec.max_attempts, self.tally
+        )
         self._max_workers = max_workers
         self._threshold = multipart_threshold
         self._part_size = part_size
@@ -216,6 +220,7 @@ class S3Store(KvStore):
                     key,
                     self.where,
                     range_header,
+                    self.tally.add,
                 )
             except bce.ClientError as exc:
                 code = error_code(exc)
@@ -363,6 +368,7 @@ class S3Store(KvStore):
             except (bce.BotoCoreError, bce.ClientError) as exc:
                 if self._resolvable(exc) and self._holds(full, etag, crc32):
                     log.info("s3: %r landed although its answer was lost (%s)", full, exc)
+                    self.tally.add("s3_writes_resolved")
                     return {"ETag": etag}
                 if damaged is not None:
                     self._remove_damaged(full, damaged)
@@ -370,6 +376,7 @@ class S3Store(KvStore):
             if integrity.stored_exactly(answer, etag, crc32) is not False:
                 return answer
             damaged = answer.get("ETag")
+            self.tally.add("s3_writes_resent")
             log.warning(
                 "s3: %r stored other bytes than sent (ETag %s, sent %s; attempt %d of %d)",
                 full,
@@ -399,6 +406,7 @@ class S3Store(KvStore):
             log.exception("s3: could not remove the damaged bytes stored at %r", full)
             return
         log.warning("s3: removed the damaged bytes a failed write stored at %r", full)
+        self.tally.add("s3_damaged_removed")
 
     def _resolvable(self, exc: BaseException) -> bool:
         """Whether a failed write may have landed all the same: the connection broke, or an
@@ -438,6 +446,13 @@ class S3Store(KvStore):
             raise (refused or translate(exc, self.where, key)) from exc
         etag: str | None = answer.get("ETag")
         return etag
+
+    def fault_counters(self) -> dict[str, int]:
+        """Retries, timeouts, throttling answers (and the current request-rate limit, 0 for
+        none), requests failed at once on a silent endpoint, writes sent again or resolved,
+        damaged bytes removed, reads resumed or begun anew."""
+        rate = self.throttle.rate
+        return {**self.tally.snapshot(), "s3_rate_limit": 0 if rate is None else round(rate)}
 
     def probe_conditional_writes(self) -> str | None:
         """Ask the endpoint (:func:`~n5fs.kvstore.s3.conditional.probe`); never raises."""

@@ -390,6 +390,10 @@ class ZipStore(KvStore):
 
     # -- leftovers of killed rewrites --------------------------------------------------------
 
+    def fault_counters(self) -> dict[str, int]:
+        """The base store's: the archive's bytes travel through it."""
+        return self.base.fault_counters()
+
     def leftovers(self, prefix: str = "") -> tuple[Leftover, ...]:
         """Temp archives of this archive that rewrites left (beside it on a file base, else
         in the temp dir); they belong to the whole archive, so only ``prefix=""`` has any."""
