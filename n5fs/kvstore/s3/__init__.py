@@ -29,7 +29,9 @@ a request):
   ``_since`` and ``_probing``; :class:`~n5fs.kvstore.s3.retries.Throttle` ``_lock`` guards its
   rate and tokens, and a request waiting for a token sleeps outside it;
   :class:`~n5fs.kvstore.s3.retries.RetryPolicy` keeps per-request counters in the request's
-  botocore context (one request, one thread: no lock).
+  botocore context (one request, one thread: no lock); the store's
+  :class:`~n5fs.kvstore.s3.retries.Tally` of handled faults (``stats.json``) has its own lock,
+  held for one addition.
 - ``uploads._LOCK``, one per process, serialises every journal change of this process (the
   appends and rewrites of journal files happen under it); each process appends only to its
   own journal file and a sweeper rewrites only dead writers' files, so no two processes write

@@ -33,7 +33,9 @@ is an answer, never retried here.
 
 State and locks: :class:`RetryPolicy` keeps per-request counters in the request's botocore
 context (one request, one thread: no lock); :class:`SilentEndpoint` keeps its state under its
-own lock; :class:`Throttle` keeps its rate and tokens under its own lock and sleeps outside it.
+own lock; :class:`Throttle` keeps its rate and tokens under its own lock and sleeps outside it;
+:class:`Tally` (what all of them handled, for ``stats.json``) has its own lock. Each is a leaf
+lock: none is held while another is taken, none across a request.
 """
 
 from __future__ import annotations
