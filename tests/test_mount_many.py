@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from n5fs.testing.s3_proxy import dropping_conditions
+from tests.mounting import real_mount
 
-pytestmark = [pytest.mark.s3, pytest.mark.slow]
+pytestmark = [pytest.mark.s3, pytest.mark.slow, *real_mount(600)]
 
 #: zarr-python creations per node in the three-node test: each rewrites the consolidated root,
 #: so 30 in all race for it (60 took 32 s of the suite's time)
