@@ -1,6 +1,7 @@
 """The boto3 client of an S3 store: endpoint and addressing, region, profile, credentials
-(or none, for public buckets), timeouts, retries, the connection pool, and the transfer
-settings of boto3's managed uploads and copies.
+(or none, for public buckets), timeouts, the connection pool, and the transfer settings of
+boto3's managed copies. botocore makes one attempt per request: the retries are
+:mod:`~n5fs.kvstore.s3.retries`'s, hooked onto this client by the store.
 
 Why apart from :mod:`~n5fs.kvstore.s3.store`: the store decides what to ask S3; this module decides
 how a request travels, and those settings carry reasons of their own (below) that change with
@@ -13,16 +14,17 @@ with its retries. The defaults (:class:`~n5fs.kvstore.spec.S3Spec`): connect 2 s
 handshake takes milliseconds; 2 s still covers one lost SYN, retransmitted after 1 s), read
 4 s (the longest S3 keeps a client waiting between two bytes of an answer is well under that;
 AWS even sends whitespace while a long CopyObject or CompleteMultipartUpload runs), and one
-retry: 2 attempts x (2 s + 4 s) + the retry's backoff (under 0.1 s for anything but
-throttling) = ~12 s. The read timeout bounds each wait on the socket, not a transfer: a GET
+retry after a timeout: 2 attempts x (2 s + 4 s) + the retry's backoff (under 0.1 s) = ~12 s
+(faults that answer at once, resets and ``5xx``, get more attempts: they cost a round trip). The read timeout bounds each wait on the socket, not a transfer: a GET
 of many megabytes that keeps streaming never times out. A server that stays silent longer
 during a large copy needs a larger ``read_timeout``; a slow link, a larger
 ``connect_timeout``; a flaky one, more ``max_retries`` (flags ``--s3-connect-timeout``,
 ``--s3-read-timeout``, ``--s3-retries``). DNS lookups are not bounded by these timeouts.
 A POSIX call that would make several requests one after another (a lookup per path
 component) does not pay this budget for each: once one request has timed out,
-:class:`~n5fs.kvstore.s3.retries.SilentEndpoint` fails the next 10 s of requests at once, so
-the call answers EIO within about one request's budget, not one budget per request.
+:class:`~n5fs.kvstore.s3.retries.SilentEndpoint` fails the other requests at once (one probe
+at a time goes out) until an answer arrives or 10 s pass, so the call answers EIO within about
+one request's budget, not one budget per request.
 
 Stateless: functions of the spec; a client is thread-safe and belongs to its store.
 """
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TRANSFER_THREADS", "checksum_args", "client_for", "transfer_config"]
 
-#: threads of one managed transfer (``put_file``, a multipart copy)
+#: threads of one managed transfer (a multipart copy)
 TRANSFER_THREADS = 8
 
 
@@ -60,8 +62,8 @@ def client_for(spec: S3Spec, max_workers: int) -> Any:
     """A thread-safe boto3 client: the spec's endpoint, region, profile, credentials,
     timeouts and retries (module docstring).
 
-    Its connection pool has room for the store's workers plus one transfer (``put_file``,
-    managed copy), so neither waits on a socket held by the other.
+    Its connection pool has room for the store's workers plus one managed transfer (a
+    multipart copy), so neither waits on a socket held by the other.
     """
     config = Config(
         # one attempt: the retries are n5fs's own (:mod:`~n5fs.kvstore.s3.retries`)

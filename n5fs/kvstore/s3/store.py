@@ -7,8 +7,12 @@ reader never sees a torn value. Every multipart upload is journaled, so one that
 process left is aborted by a later :meth:`S3Store.sweep` (:mod:`n5fs.kvstore.s3.uploads`).
 Errors are translated once, by :func:`~n5fs.kvstore.s3.errors.translate`.
 
-Timeouts, retries and addressing are the client's (:mod:`~n5fs.kvstore.s3.client`): a silent
-endpoint costs a POSIX call an EIO within about 12 s, never a hang.
+Timeouts and addressing are the client's (:mod:`~n5fs.kvstore.s3.client`), retries the
+policy's (:mod:`~n5fs.kvstore.s3.retries`): a reset or a ``5xx`` is retried, a silent endpoint
+costs a POSIX call an EIO within about 12 s, never a hang. Integrity is
+:mod:`~n5fs.kvstore.s3.integrity`'s: a write is acknowledged only once the store is known to
+hold exactly its bytes (``Content-MD5``, the answer's ETag, a HEAD for a lost answer), a read
+hands on only bytes that are the object's (resumed by range, checked against its checksum).
 
 Timestamps: user metadata ``x-amz-meta-mtime``, seconds with nine decimals (rclone's form;
 s3fs-fuse reads it too), which ``stat`` (HEAD) reports, else LastModified (``list`` always
@@ -459,8 +463,7 @@ class S3Store(KvStore):
         return conditional.probe(self)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
-        """Stream a local file up; boto3 goes multipart above the threshold (and aborts on
-        failure), reading one part per worker at a time, so memory stays bounded."""
+        """Upload a local file, checked like any value (:meth:`_upload`)."""
         self._upload(key, path, None)
 
     def put_file_with_mtime(self, key: str, path: str | os.PathLike[str], mtime: float) -> bool:
