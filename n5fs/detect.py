@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from n5fs.caching import LoadingCache
 from n5fs.errors import DetectionFailed, InvalidSource, Rejected
 from n5fs.formats.base import ArrayNode, Format, GroupNode, Node, chunk_like
 from n5fs.formats.registry import FORMATS, METADATA_NAMES, PROBE_NAMES, get_format
@@ -24,6 +23,7 @@ from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.keys import basename, dir_prefix, folder_of, parent, split_path
 from n5fs.kvstore.registry import open_spec
 from n5fs.kvstore.spec import StoreSpec, ZipSpec, parse_spec
+from n5fs.singleflight import LoadingCache
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -144,7 +144,7 @@ class Detector:
     ``ttl`` (seconds, None = forever) bounds how long an answer may be stale when someone
     else writes the store; ``clock`` is injectable so tests never sleep.
 
-    Concurrency: the answers live in a :class:`~n5fs.caching.LoadingCache`, so threads that
+    Concurrency: the answers live in a :class:`~n5fs.singleflight.LoadingCache`, so threads that
     ask about one folder share one detection, a detection that began before an
     ``invalidate`` of its folder is never stored (a folder cached as plain after its array was
     created would let chunks in unvalidated), and failed detections (format clash, broken

@@ -1,6 +1,6 @@
 """Array-aware listings: one walk of an array answers every folder of its chunk
 tree on stores that prefer flat listings (memory, S3), folder by folder on a file store;
-bounded by a key budget; never hides a commit (the batch rule of n5fs/caching.py, with a
+bounded by a key budget; never hides a commit (the batch rule of n5fs/singleflight.py, with a
 deterministic race); plain trees are not probed."""
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 import zarr
 
-from n5fs.caching import LoadingCache
 from n5fs.errors import IsAPrefix, KeyNotFound, StoreUnavailable
 from n5fs.gateway import EntryKind, Gateway, GatewayConfig
 from n5fs.gateway import walks as walks_module
-from n5fs.gateway.namespace import FolderSplitter
+from n5fs.gateway.paths import FolderSplitter
 from n5fs.kvstore.base import KeyInfo, KvStore, Listing
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.singleflight import LoadingCache
 from n5fs.testing.doubles import FaultyStore
 
 WAIT = 30.0

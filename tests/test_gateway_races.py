@@ -20,15 +20,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from n5fs.caching import LoadingCache
 from n5fs.errors import KeyNotFound, Rejected, errno_of
 from n5fs.gateway import Gateway, GatewayConfig
-from n5fs.gateway.namespace import DirEntries, FileMap
 from n5fs.gateway.ordering import ArrayOrder
+from n5fs.gateway.paths import DirEntries, FileMap
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned
 from n5fs.kvstore.keys import folders_above
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.singleflight import LoadingCache
 from n5fs.validate import Validator
 
 WAIT = 30.0  # generous: a deadlock fails the test instead of hanging it

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from n5fs.errors import StoreUnavailable
-from n5fs.gateway.cache import ByteLRU, version_of
+from n5fs.gateway.byte_cache import ByteLRU, version_of
 from n5fs.gateway.reader import ObjectReader, ReadWindow
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore
 from n5fs.kvstore.keys import basename

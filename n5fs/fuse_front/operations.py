@@ -37,7 +37,7 @@ from n5fs.fuse_front._lib import (
     fill_read_buf,
 )
 from n5fs.fuse_front.attrs import StatMaker
-from n5fs.gateway.namespace import CONTROL
+from n5fs.gateway.paths import CONTROL
 from n5fs.gateway.reader import PageCache
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ Callers hold the node lock of what they commit (see :mod:`n5fs.gateway.handles`)
 
 The order of effects in a commit is the point: store first, then the caches are patched and
 invalidated (still inside the hold), so a cache load that began before the store write is
-grounded by the invalidation (:mod:`n5fs.caching`) and a chunk commit that waits for a
+grounded by the invalidation (:mod:`n5fs.singleflight`) and a chunk commit that waits for a
 metadata commit sees the new metadata.
 """
 
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 from n5fs.errors import NotSupported, Rejected, StaleVersion
 from n5fs.formats.registry import METADATA_NAMES
-from n5fs.gateway.cache import Counters, version_of
-from n5fs.gateway.commit import UNREAD, CommitRules, Mode, Rejection, Unread
+from n5fs.gateway.byte_cache import Counters, version_of
+from n5fs.gateway.commit_rules import UNREAD, CommitRules, Mode, Rejection, Unread
 from n5fs.gateway.consolidated import ConsolidatedKeeper
 from n5fs.gateway.ordering import ArrayOrder
 from n5fs.gateway.prevalidate import Precheck, Prechecks
@@ -44,9 +44,9 @@ if TYPE_CHECKING:
     from n5fs.detect import Detector
     from n5fs.gateway.conditional import Conditional
     from n5fs.gateway.handles import Node
+    from n5fs.gateway.namespace_view import NamespaceView
     from n5fs.gateway.reader import ObjectReader
     from n5fs.gateway.staging import StagedFile, StagingBudget
-    from n5fs.gateway.view import NamespaceView
     from n5fs.kvstore.base import KvStore
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ headers, ``-o conditional=off``) every method here degrades to today's single-wr
 behaviour: plain writes, no version kept. ``reason`` says why (``n5fs status`` shows it).
 
 State: ``reason`` is decided once, before the gateway serves a call, and never changes; the
-conflict counter has its own leaf lock (:class:`~n5fs.gateway.cache.Counters`). Callers hold
+conflict counter has its own leaf lock (:class:`~n5fs.gateway.byte_cache.Counters`). Callers hold
 the commit order of the key (:mod:`n5fs.gateway.ordering`), so one mount never races itself
 between :meth:`current` and :meth:`put`; the race left is with other mounts, and that is
 what the version answers.
@@ -40,7 +40,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from n5fs.errors import StaleVersion, VersionConflict
-from n5fs.gateway.cache import Counters
+from n5fs.gateway.byte_cache import Counters
 
 if TYPE_CHECKING:
     from n5fs.kvstore.base import KeyInfo, KvStore, Versioned

@@ -17,14 +17,14 @@ import threading
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound, N5fsError
-from n5fs.gateway.namespace import CONTROL
+from n5fs.gateway.paths import CONTROL
 
 if TYPE_CHECKING:
     from n5fs.gateway.committer import Committer
     from n5fs.gateway.handles import OpenFiles
+    from n5fs.gateway.namespace_view import NamespaceView
     from n5fs.gateway.reader import ObjectReader
     from n5fs.gateway.staging import StagingBudget
-    from n5fs.gateway.view import NamespaceView
     from n5fs.kvstore.base import KvStore
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ State and locks: the only state of its own is :attr:`FileCalls.failed_creates`
 (:class:`~n5fs.gateway.unopened.UnopenedReads`, own leaf lock). Everything else belongs to
 its owners: nodes and handles to :class:`~n5fs.gateway.handles.OpenFiles` (a node's lock is
 held here around every change of its staged content and around its commit, and taken before any
-commit-order lock), listings to :class:`~n5fs.gateway.view.NamespaceView`, bytes to
+commit-order lock), listings to :class:`~n5fs.gateway.namespace_view.NamespaceView`, bytes to
 :class:`~n5fs.gateway.reader.ObjectReader`, commits to
 :class:`~n5fs.gateway.committer.Committer`. The lock order of the whole gateway is in
 :mod:`~n5fs.gateway.gateway`.
@@ -37,9 +37,9 @@ from n5fs.errors import (
     ReadOnly,
     Rejected,
 )
-from n5fs.gateway.cache import stamp_of, version_of
+from n5fs.gateway.byte_cache import stamp_of, version_of
 from n5fs.gateway.handles import FailedCreates, Handle, Node
-from n5fs.gateway.namespace import EntryKind, is_control, path_to_key
+from n5fs.gateway.paths import EntryKind, is_control, path_to_key
 from n5fs.gateway.reader import PageCache
 from n5fs.gateway.unopened import UnopenedReads
 from n5fs.kvstore.keys import basename, parent
@@ -48,12 +48,12 @@ from n5fs.kvstore.tempnames import is_partial
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from n5fs.gateway.cache import Stamp
+    from n5fs.gateway.byte_cache import Stamp
     from n5fs.gateway.committer import Committer
     from n5fs.gateway.handles import OpenFiles
-    from n5fs.gateway.namespace import Attr
+    from n5fs.gateway.namespace_view import NamespaceView
+    from n5fs.gateway.paths import Attr
     from n5fs.gateway.reader import ObjectReader
-    from n5fs.gateway.view import NamespaceView
     from n5fs.kvstore.base import KvStore
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR

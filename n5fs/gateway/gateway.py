@@ -10,7 +10,8 @@ owns its state and states its lock discipline:
 
 - :mod:`~n5fs.gateway.handles` — open files (nodes, handles, staging);
 - :mod:`~n5fs.gateway.filecalls` — the calls on a file's content, open to release;
-- :mod:`~n5fs.gateway.view` — the namespace (listings, virtual dirs, links, control entries);
+- :mod:`~n5fs.gateway.namespace_view` — the namespace (listings, virtual dirs, links, control
+  entries);
 - :mod:`~n5fs.gateway.committer` — validation, store writes, commit order, rejections,
   counters, consolidated metadata, change notices;
 - :mod:`~n5fs.gateway.renames` — rename, link, symlink.
@@ -39,14 +40,15 @@ from n5fs.errors import (
     PrefixNotEmpty,
     Rejected,
 )
-from n5fs.gateway.commit import Mode, Rejection
+from n5fs.gateway.commit_rules import Mode, Rejection
 from n5fs.gateway.committer import Committer
 from n5fs.gateway.conditional import Conditional
 from n5fs.gateway.config import GatewayConfig
 from n5fs.gateway.control import ControlEntries
 from n5fs.gateway.filecalls import FileCalls, read_whole
 from n5fs.gateway.handles import OpenFiles, StagingConfig
-from n5fs.gateway.namespace import (
+from n5fs.gateway.namespace_view import NamespaceView
+from n5fs.gateway.paths import (
     Attr,
     EntryKind,
     path_to_key,
@@ -55,7 +57,6 @@ from n5fs.gateway.namespace import (
 from n5fs.gateway.reader import ObjectReader, PageCache
 from n5fs.gateway.renames import Renamer
 from n5fs.gateway.staging import StagingBudget
-from n5fs.gateway.view import NamespaceView
 from n5fs.kvstore.file import Durability, FileStore
 from n5fs.kvstore.keys import folders_above
 

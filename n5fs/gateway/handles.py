@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
-from n5fs.gateway.namespace import Attr, EntryKind
+from n5fs.gateway.paths import Attr, EntryKind
 from n5fs.gateway.reader import LocalFile, PageCache, ReadWindow
 from n5fs.gateway.staging import StagedFile, StagingBudget
 from n5fs.kvstore.base import ByteRange
@@ -40,7 +40,7 @@ from n5fs.kvstore.keys import parent
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from n5fs.gateway.cache import Stamp
+    from n5fs.gateway.byte_cache import Stamp
     from n5fs.gateway.reader import ObjectReader
     from n5fs.kvstore.base import KvStore
 

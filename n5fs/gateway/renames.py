@@ -27,19 +27,19 @@ from n5fs.errors import (
     PrefixNotEmpty,
     Rejected,
 )
-from n5fs.gateway.cache import version_of
-from n5fs.gateway.commit import Mode
+from n5fs.gateway.byte_cache import version_of
+from n5fs.gateway.commit_rules import Mode
 from n5fs.gateway.committer import is_metadata
 from n5fs.gateway.links import add_link, remove_link
-from n5fs.gateway.namespace import Attr, EntryKind
+from n5fs.gateway.paths import Attr, EntryKind
 from n5fs.kvstore.keys import basename, folder_of, folders_above
 
 if TYPE_CHECKING:
     from n5fs.detect import Detector
     from n5fs.gateway.committer import Committer
     from n5fs.gateway.handles import Node, OpenFiles
+    from n5fs.gateway.namespace_view import NamespaceView
     from n5fs.gateway.reader import ObjectReader
-    from n5fs.gateway.view import NamespaceView
     from n5fs.kvstore.base import KvStore
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
-from n5fs.gateway.namespace import path_to_key
+from n5fs.gateway.paths import path_to_key
 from n5fs.kvstore.keys import basename
 from n5fs.kvstore.tempnames import is_partial
 

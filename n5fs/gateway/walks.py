@@ -24,7 +24,7 @@ How (:class:`ArrayWalks`):
   ask); a part is walked again when it is needed once ``ttl`` has passed since it ended. A
   waiter waits about two pages' time (once pages were timed): a walk further from its folder
   lets it list the folder alone meanwhile;
-- folders go into the listings cache through a :class:`~n5fs.caching.Batch` per part, each
+- folders go into the listings cache through a :class:`~n5fs.singleflight.Batch` per part, each
   with the time the request that read its first key began (a request answers at most
   :data:`PAGE` keys, so it began no later than the walk's ask for the key :data:`PAGE` keys
   earlier): a folder that a commit or invalidation touched after that time is not stored,
@@ -51,14 +51,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from n5fs.gateway.namespace import DirEntries, FolderSplitter
+from n5fs.gateway.paths import DirEntries, FolderSplitter
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from n5fs.caching import Batch, LoadingCache
     from n5fs.formats.base import ArrayNode
     from n5fs.kvstore.base import KvStore
+    from n5fs.singleflight import Batch, LoadingCache
 
 log = logging.getLogger(__name__)
 

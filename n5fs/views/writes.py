@@ -38,7 +38,7 @@ from n5fs.errors import FileTooLarge, KeyNotFound, PrefixNotEmpty, Rejected
 from n5fs.formats.base import ArrayNode, KeyKind
 from n5fs.formats.n5 import ATTRIBUTES, N5ArrayNode, load_attributes
 from n5fs.gateway.committer import MAX_VALIDATED_BYTES
-from n5fs.gateway.namespace import Attr, EntryKind
+from n5fs.gateway.paths import Attr, EntryKind
 from n5fs.kvstore.keys import basename, parent
 from n5fs.views.n5 import N5_VERSION
 from n5fs.views.removal import ARRAY, GROUP, Removals

@@ -3,10 +3,10 @@ hdmf-zarr links as symlinks, files still being written, and the hidden ``/.n5fs/
 folder.
 
 State and locks:
-- listings: a :class:`~n5fs.caching.LoadingCache` of immutable :class:`DirEntries` (one LIST per
-  folder however many threads miss it; a LIST that began before one of our commits is never
-  stored; our commits replace the cached value with a patched copy, so a committed name is
-  visible to ``stat`` and ``readdir`` the moment the commit returns);
+- listings: a :class:`~n5fs.singleflight.LoadingCache` of immutable :class:`DirEntries` (one
+  LIST per folder however many threads miss it; a LIST that began before one of our commits is
+  never stored; our commits replace the cached value with a patched copy, so a committed name
+  is visible to ``stat`` and ``readdir`` the moment the commit returns);
 - walks (:mod:`~n5fs.gateway.walks`, its own locks): on a store that prefers flat listings,
   a miss of a folder of an array's chunk tree waits for one flat listing of the array (or of
   the part of it holding the folder), which fills the listing of every folder it passes
@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING
 from n5fs.detect import FolderKind
 from n5fs.errors import DetectionFailed, KeyNotFound, NotAPrefix, Rejected
 from n5fs.formats.registry import PROBE_NAMES
-from n5fs.gateway.cache import LoadingCache
+from n5fs.gateway.byte_cache import LoadingCache
 from n5fs.gateway.links import links_of
-from n5fs.gateway.namespace import (
+from n5fs.gateway.paths import (
     CONTROL,
     CONTROL_FILES,
     Attr,
@@ -64,7 +64,7 @@ _EMPTY = DirEntries()
 
 
 #: a folder listing that took this long is served past its TTL while it is listed again
-#: (:mod:`n5fs.caching`): half a second is some five to ten LIST pages of 1,000 keys on S3
+#: (:mod:`n5fs.singleflight`): half a second is some five to ten LIST pages of 1,000 keys on S3
 SLOW_LISTING = 0.5
 
 

@@ -3,7 +3,7 @@
 conditional writes as S3 does: a version per key, ``set_if`` checked atomically). Each
 gateway has its own caches and clock, so "node B still caches what it saw" is exact, and
 races between nodes are made deterministic with the store hooks of ``test_gateway_races``.
-The same behaviour through real daemons on the moto server is ``test_mount_many.py``.
+The same behaviour through real daemons on the moto server is ``test_mount_many_mounts.py``.
 """
 
 from __future__ import annotations

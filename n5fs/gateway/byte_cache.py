@@ -38,7 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from n5fs.caching import Clock, LoadingCache
+from n5fs.singleflight import Clock, LoadingCache
 
 if TYPE_CHECKING:
     from n5fs.kvstore.base import KeyInfo

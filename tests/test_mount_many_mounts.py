@@ -2,7 +2,7 @@
 server (which honours ``If-Match``/``If-None-Match`` on PutObject), each a node of a cluster.
 Writers are zarr-python and plain file writes through the mounts; what landed is checked in
 the bucket with boto3 and ``n5fs validate``. The gateway-level twins of these tests (exact
-interleavings) are in ``test_many_mounts.py``.
+interleavings) are in ``test_gateway_many_mounts.py``.
 """
 
 from __future__ import annotations
