@@ -1,4 +1,4 @@
-"""S3 conditional writes (issue 14, many mounts of one bucket) against the moto server: large
+"""S3 conditional writes (what keeps many mounts of one bucket consistent) against the moto server: large
 values through multipart, the probe against an endpoint that honours the conditions and one
 that drops them (n5fs.testing.s3_proxy), and the probe's scratch object after a killed probe.
 

@@ -1,5 +1,5 @@
 """Wrapper stores keep reporting what the store under them is: a read-only local mount's
-``statfs`` is its disk's (issue 11: it was a made-up 1 TiB), a wrapper over a read-only store
+``statfs`` is its disk's (never a made-up size: ``df`` must tell the truth), a wrapper over a read-only store
 is read-only."""
 
 from __future__ import annotations

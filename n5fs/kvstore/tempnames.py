@@ -67,6 +67,11 @@ def _start_time(pid: int) -> str | None:
     return _base36(int(fields[19])) if len(fields) > 19 else "0"
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (a zombie, killed and not reaped, does not)."""
+    return _start_time(pid) is not None
+
+
 def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)

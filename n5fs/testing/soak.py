@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from n5fs.kvstore import tempnames
 from n5fs.testing.s3_proxy import Fault, fault_proxy
 
 if TYPE_CHECKING:
@@ -192,16 +193,6 @@ def _peak_rss_mib(pid: int) -> float:
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) / 1024
     return 0.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Soak:
@@ -362,7 +353,7 @@ def run_soak(
             proxy.inject(*config.faults())
             soak.run_workers()
             proxy.clear()
-            report.daemon_alive = _alive(pid)
+            report.daemon_alive = tempnames.process_alive(pid)
             report.peak_rss_mib = _peak_rss_mib(pid)
         report.requests = Counter(proxy.counts)
         report.injected = Counter(proxy.injected)
