@@ -10,13 +10,13 @@ from __future__ import annotations
 import errno
 import json
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from n5fs.testing.s3_proxy import dropping_conditions
+from tests.bucket import held, source, validate_clean
 from tests.mounting import real_mount
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow, *real_mount(600)]
@@ -37,28 +37,14 @@ ZARRAY = {
 }
 
 
-def source(endpoint: str, bucket: str) -> str:
-    return json.dumps({"driver": "s3", "bucket": bucket, "path": "data/", "endpoint": endpoint})
-
-
 def nodes(mounter, endpoint: str, bucket: str, count: int = 3) -> list[Path]:
     return [mounter.daemon(source(endpoint, bucket), name=f"node{i}") for i in range(count)]
 
 
 def stored(client, bucket: str, key: str) -> bytes:
-    body: bytes = client.get_object(Bucket=bucket, Key="data/" + key)["Body"].read()
+    body = held(client, bucket, key)
+    assert body is not None, key
     return body
-
-
-def validate_clean(endpoint: str, bucket: str) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "n5fs", "validate", source(endpoint, bucket)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
 
 
 def test_arrays_created_on_three_nodes_all_reach_the_consolidated_root(

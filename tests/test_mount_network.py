@@ -11,7 +11,6 @@ import errno
 import json
 import random
 import subprocess
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,14 +23,10 @@ import zarr
 
 from n5fs.testing.s3_proxy import Fault, FaultProxy, fault_proxy
 from n5fs.testing.soak import SoakConfig, run_soak
+from tests.bucket import held, source, validate_clean
 from tests.mounting import real_mount
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow, *real_mount(400)]
-PREFIX = "data/"
-
-
-def source(endpoint: str, bucket: str) -> str:
-    return json.dumps({"driver": "s3", "bucket": bucket, "path": PREFIX, "endpoint": endpoint})
 
 
 @pytest.fixture
@@ -48,26 +43,7 @@ def mounted(mounter: Any, proxy: FaultProxy, s3_bucket: str) -> Path:
 @pytest.fixture
 def stored(s3_server: Any, s3_bucket: str) -> Any:
     client = s3_server.client()
-
-    def held(key: str) -> bytes | None:
-        try:
-            body: bytes = client.get_object(Bucket=s3_bucket, Key=PREFIX + key)["Body"].read()
-        except client.exceptions.NoSuchKey:
-            return None
-        return body
-
-    return held
-
-
-def validate_clean(endpoint: str, bucket: str) -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "n5fs", "validate", source(endpoint, bucket)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    return lambda key: held(client, s3_bucket, key)
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from n5fs.kvstore.s3 import MiB, S3Store
 from n5fs.kvstore.s3.retries import MAX_ATTEMPTS, RetryPolicy, SilentEndpoint, Throttle
 from n5fs.kvstore.spec import S3Spec
 from n5fs.testing.s3_proxy import Fault, FaultProxy, fault_proxy
+from tests.bucket import held
 
 pytestmark = pytest.mark.s3
 
@@ -59,15 +60,7 @@ def store(proxy: FaultProxy, s3_bucket: str) -> Iterator[S3Store]:
 def bucket(s3_server: Any, s3_bucket: str) -> Any:
     """What the bucket holds, read straight from moto (no proxy, no faults)."""
     client = s3_server.client()
-
-    def held(key: str) -> bytes | None:
-        try:
-            body: bytes = client.get_object(Bucket=s3_bucket, Key=PREFIX + key)["Body"].read()
-        except client.exceptions.NoSuchKey:
-            return None
-        return body
-
-    return held
+    return lambda key: held(client, s3_bucket, key, PREFIX)
 
 
 def value(i: int, size: int = 256) -> bytes:

@@ -349,15 +349,9 @@ class FileStore(KvStore):
                     name = entry.name
                     if not name.startswith(start) or is_partial(name):
                         continue
-                    if entry.is_symlink():
-                        st = self._linked_stat(f"{directory}{os.sep}{name}", base + name)
-                        if st is None:
-                            continue
-                    else:
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue  # renamed or removed since the scan (another commit)
+                    st = self._entry_stat(entry, directory, base + name)
+                    if st is None:
+                        continue
                     if stat_mod.S_ISDIR(st.st_mode):
                         prefixes.append(f"{base}{name}/")
                     elif stat_mod.S_ISREG(st.st_mode):
@@ -378,6 +372,19 @@ class FileStore(KvStore):
             return None
         checked = self._checked_folder(real_root, base[:-1])
         return None if checked is _LINKED else checked
+
+    def _entry_stat(
+        self, entry: os.DirEntry[str], directory: str, key: str
+    ) -> os.stat_result | None:
+        """A scanned entry of ``directory``: a symlink's :meth:`_linked_stat`, anything else
+        its own ``lstat``; None when it is no key (such a link, or an entry renamed or removed
+        since the scan by another thread's commit)."""
+        if entry.is_symlink():
+            return self._linked_stat(os.path.join(directory, entry.name), key)
+        try:
+            return entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            return None
 
     def _linked_stat(self, path: str, key: str) -> os.stat_result | None:
         """What the symlink at ``path`` (key ``key``) reads as: the ``stat`` of the regular
@@ -432,16 +439,9 @@ class FileStore(KvStore):
         for entry in entries:
             if is_partial(entry.name):
                 continue
-            if entry.is_symlink():
-                st = self._linked_stat(entry.path, base + entry.name)
-                if st is None:
-                    continue
-            else:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # renamed or removed since the scan (another thread's commit)
-            yield entry, st
+            st = self._entry_stat(entry, directory, base + entry.name)
+            if st is not None:
+                yield entry, st
 
     def _walk_from(self, base: str, start: str) -> Sequence[KeyInfo]:
         """Every key below folder ``base`` whose name there starts with ``start``, unordered:
