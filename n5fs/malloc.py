@@ -7,7 +7,7 @@ to the size of every mapped buffer freed (up to 32 MiB). Chunk buffers are large
 uint16 block decodes to 4 MiB), so which side of the thresholds they fall on decides between
 two costs, and the right choice depends on the process:
 
-- a daemon (:func:`map_large_buffers`, every mount; why in :mod:`n5fs.gateway.reader`,
+- a daemon (:func:`map_large_buffers`, every mount; why in :mod:`n5fs.gateway.read.reader`,
   "Memory"): long-lived, with cached buffers between transient ones in as many arenas as
   threads, so heaps fragment and RSS outgrows the cache budget. Buffers of
   :data:`MMAP_THRESHOLD` and more get mappings of their own, so RSS comes back to the cache

@@ -4,7 +4,7 @@ daemon's CPU, n5fs against the bare mfusepy passthrough, variants taking turns o
 mounts.
 
 Why beside ``bench_mount.py``: that script gives one MB/s figure per variant; to judge a
-change of the streaming check (``n5fs/gateway/prevalidate.py``) one needs to know whether the
+change of the streaming check (``n5fs/gateway/commit/prevalidate.py``) one needs to know whether the
 check kept pace with the writes (``close`` then waits for the last piece only) or fell behind
 (``close`` waits for most of the decode), and whether the daemon was short of CPU (its CPU
 seconds near the wall time: one core's worth, shared by the FUSE threads and the check).

@@ -39,7 +39,7 @@ from n5fs.fuse_front.options import (
     split_options,
 )
 from n5fs.gateway import Attr, EntryKind, Gateway, GatewayConfig
-from n5fs.gateway.reader import PageCache
+from n5fs.gateway.read.reader import PageCache
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.testing.doubles import FaultyStore
 
@@ -108,7 +108,7 @@ def test_a_close_before_any_write_of_an_empty_chunk_is_einval_logged_at_debug(st
     with caplog.at_level(logging.DEBUG, logger="n5fs"):
         ops.release("/a/1", fh)
     assert [r.name for r in caplog.records if r.levelno == logging.WARNING] == [
-        "n5fs.gateway.committer"
+        "n5fs.gateway.commit.committer"
     ]
     assert store.get("a/1") is None
 

@@ -20,8 +20,8 @@ import zarr
 
 from n5fs.errors import IsAPrefix, KeyNotFound, StoreUnavailable
 from n5fs.gateway import EntryKind, Gateway, GatewayConfig
-from n5fs.gateway import walks as walks_module
-from n5fs.gateway.paths import FolderSplitter
+from n5fs.gateway.namespace import walks as walks_module
+from n5fs.gateway.namespace.paths import FolderSplitter
 from n5fs.kvstore.base import KeyInfo, KvStore, Listing
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore

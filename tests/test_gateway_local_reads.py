@@ -12,8 +12,8 @@ import pytest
 
 from n5fs.errors import KeyNotFound
 from n5fs.gateway import Gateway
-from n5fs.gateway.byte_cache import OpenedStamps, Stamp
-from n5fs.gateway.reader import PageCache
+from n5fs.gateway.read.byte_cache import OpenedStamps, Stamp
+from n5fs.gateway.read.reader import PageCache
 from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore

@@ -17,8 +17,8 @@ import pytest
 
 from n5fs.errors import KeyNotFound, Rejected, StaleVersion, VersionConflict, errno_of
 from n5fs.gateway import Gateway, GatewayConfig
-from n5fs.gateway.conditional import STALE_RULE
-from n5fs.gateway.consolidated import ATTEMPTS, MAX_PAUSE
+from n5fs.gateway.commit.conditional import STALE_RULE
+from n5fs.gateway.commit.consolidated import ATTEMPTS, MAX_PAUSE
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.validate import Validator
 from tests.test_gateway_races import ZARRAY, HookedStore, result

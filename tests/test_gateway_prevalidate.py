@@ -1,4 +1,4 @@
-"""Chunk checks that run while a chunk is written (n5fs.gateway.prevalidate) decide exactly
+"""Chunk checks that run while a chunk is written (n5fs.gateway.commit.prevalidate) decide exactly
 what the full check at commit decides.
 
 A corpus of chunks - written by z5py and TensorStore inside the test, then spoiled
@@ -34,10 +34,11 @@ import zarr
 from n5fs.codecs.n5_header import decode_header
 from n5fs.errors import Rejected
 from n5fs.formats.n5 import N5ArrayNode, N5Format
-from n5fs.gateway import Gateway, GatewayConfig, streamcheck
-from n5fs.gateway.prevalidate import Prechecks
-from n5fs.gateway.staging import StagedFile
-from n5fs.gateway.streamcheck import passes
+from n5fs.gateway import Gateway, GatewayConfig
+from n5fs.gateway.commit import streamcheck
+from n5fs.gateway.commit.prevalidate import Prechecks
+from n5fs.gateway.commit.streamcheck import passes
+from n5fs.gateway.write.staging import StagedFile
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from tests.writers import tensorstore_n5

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from n5fs.errors import KeyNotFound, Rejected, errno_of
 from n5fs.gateway import Gateway, GatewayConfig
-from n5fs.gateway.ordering import ArrayOrder
-from n5fs.gateway.paths import DirEntries, FileMap
+from n5fs.gateway.commit.ordering import ArrayOrder
+from n5fs.gateway.namespace.paths import DirEntries, FileMap
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned
 from n5fs.kvstore.keys import folders_above
 from n5fs.kvstore.memory import MemoryStore
@@ -556,7 +556,7 @@ def test_write_past_the_size_limit_is_efbig_and_changes_nothing() -> None:
 def test_chunk_too_large_to_validate_is_refused_unread(monkeypatch: pytest.MonkeyPatch) -> None:
     gw = gateway(MemoryStore())
     gw.write_file("/arr/.zarray", json.dumps(ZARRAY).encode())
-    monkeypatch.setattr("n5fs.gateway.committer.MAX_VALIDATED_BYTES", 3)
+    monkeypatch.setattr("n5fs.gateway.commit.committer.MAX_VALIDATED_BYTES", 3)
     with pytest.raises(Rejected) as info:
         gw.write_file("/arr/0", b"abcd")
     assert info.value.rule == "too-large-to-validate"

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from n5fs.gateway import Gateway, GatewayConfig
-from n5fs.gateway.byte_cache import fits, version_of
-from n5fs.gateway.reader import ObjectReader, PageCache, ReadWindow
+from n5fs.gateway.read.byte_cache import fits, version_of
+from n5fs.gateway.read.reader import ObjectReader, PageCache, ReadWindow
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore
 from n5fs.kvstore.keys import basename
 from n5fs.kvstore.memory import MemoryStore

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from n5fs.errors import KeyNotFound
-from n5fs.gateway.reader import ObjectReader, ReadWindow
+from n5fs.gateway.read.reader import ObjectReader, ReadWindow
 from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import ForwardingStore

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from n5fs.errors import FileTooLarge, errno_of
-from n5fs.gateway.staging import FETCH_PIECE, StagedFile, StagingBudget
+from n5fs.gateway.write.staging import FETCH_PIECE, StagedFile, StagingBudget
 from n5fs.kvstore.file import FileStore
 
 GiB = 1 << 30

@@ -13,8 +13,8 @@ import pytest
 
 from n5fs.errors import KeyNotFound
 from n5fs.gateway import Gateway, GatewayConfig
-from n5fs.gateway.control import STATS_BLOCK
-from n5fs.gateway.unopened import REUSE_SECONDS, UnopenedReads
+from n5fs.gateway.namespace.control import STATS_BLOCK
+from n5fs.gateway.read.unopened import REUSE_SECONDS, UnopenedReads
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.tempnames import PARTIAL_SUFFIX
 

@@ -13,7 +13,7 @@ import pytest
 
 from n5fs.codecs.limits import INFLATE, CodecError, gzip_decompress, inflater, zlib_decompress
 from n5fs.formats.n5 import N5ArrayNode, N5Format
-from n5fs.gateway.streamcheck import Unsure, parser_for
+from n5fs.gateway.commit.streamcheck import Unsure, parser_for
 
 RAMP = (np.arange(64**3, dtype=np.uint16) % 4093).astype(">u2").tobytes()
 

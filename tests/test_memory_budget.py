@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from n5fs.errors import StoreUnavailable
-from n5fs.gateway.byte_cache import ByteLRU, version_of
-from n5fs.gateway.reader import ObjectReader, ReadWindow
+from n5fs.gateway.read.byte_cache import ByteLRU, version_of
+from n5fs.gateway.read.reader import ObjectReader, ReadWindow
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore
 from n5fs.kvstore.keys import basename
 from n5fs.kvstore.memory import MemoryStore
@@ -207,7 +207,7 @@ def test_a_reservation_larger_than_the_budget_empties_the_cache() -> None:
 #: kernel), which says nothing about the threshold
 _HEAP_CHECK = """
 import ctypes
-from n5fs.gateway.reader import ObjectReader, map_large_buffers
+from n5fs.gateway.read.reader import ObjectReader, map_large_buffers
 from n5fs.kvstore.memory import MemoryStore
 
 names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()

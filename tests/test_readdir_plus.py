@@ -17,7 +17,7 @@ from n5fs.fuse_front import _lib
 from n5fs.fuse_front.operations import N5fsOperations
 from n5fs.gateway import Gateway
 from n5fs.gateway.config import GatewayConfig
-from n5fs.gateway.paths import FileMap
+from n5fs.gateway.namespace.paths import FileMap
 from n5fs.kvstore.base import KeyInfo
 from n5fs.kvstore.memory import MemoryStore
 

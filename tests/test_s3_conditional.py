@@ -19,7 +19,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from n5fs.errors import VersionConflict, errno_of
-from n5fs.gateway.conditional import Conditional
+from n5fs.gateway.commit.conditional import Conditional
 from n5fs.kvstore.s3 import MiB, S3Store, translate
 from n5fs.kvstore.s3 import conditional as s3_conditional
 from n5fs.kvstore.spec import S3Spec
@@ -208,7 +208,7 @@ def test_a_read_only_mount_of_a_shared_store_does_not_warn(
     with (
         dropping_conditions(s3_server.endpoint) as endpoint,
         S3Store(S3Spec(bucket=s3_bucket, path=PREFIX, endpoint=endpoint)) as store,
-        caplog.at_level("INFO", logger="n5fs.gateway.conditional"),
+        caplog.at_level("INFO", logger="n5fs.gateway.commit.conditional"),
     ):
         assert not Conditional.probe(ReadOnlyStore(store), wanted=True).in_force
         assert not Conditional.probe(store, wanted=True).in_force

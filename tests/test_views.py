@@ -585,7 +585,7 @@ def test_a_varlength_n5_block_is_served_decoded_around_the_page_cache(tmp_path: 
     whose count fills them is valid, and its header is 4 bytes longer than the listed size
     assumed: the view serves it decoded and tells the kernel to read around its pages."""
     from n5fs.codecs.n5_header import encode_header
-    from n5fs.gateway.reader import PageCache
+    from n5fs.gateway.read.reader import PageCache
 
     root = tmp_path / "src"
     values = values_for((3, 4), "uint16")  # TensorStore: N5 dimensions [3, 4]; the view 4 x 3

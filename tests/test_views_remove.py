@@ -23,7 +23,7 @@ import zarr
 
 from n5fs.errors import KeyNotFound, PrefixNotEmpty
 from n5fs.gateway import Gateway, GatewayConfig
-from n5fs.gateway.paths import EntryKind
+from n5fs.gateway.namespace.paths import EntryKind
 from n5fs.kvstore import open_store
 from n5fs.views import open_view
 from n5fs.views.base import View

@@ -239,7 +239,7 @@ def _flush_staged(mountpoint: str, log_file: str | None, timeout: float) -> str 
     import errno
     import threading
 
-    from n5fs.gateway.paths import CONTROL
+    from n5fs.gateway.namespace.paths import CONTROL
 
     offset = os.path.getsize(log_file) if log_file and os.path.exists(log_file) else 0
     failed: list[OSError] = []

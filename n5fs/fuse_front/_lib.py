@@ -35,7 +35,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
 from n5fs.fuse_front.attrs import BLKSIZE, StatMaker
-from n5fs.gateway.reader import PageCache
+from n5fs.gateway.read.reader import PageCache
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence

@@ -35,7 +35,7 @@ from n5fs.fuse_front.invalidate import Invalidator
 from n5fs.fuse_front.mounts import MountFailed
 from n5fs.fuse_front.operations import GatewayLike, N5fsOperations
 from n5fs.fuse_front.options import render
-from n5fs.gateway.paths import CONTROL
+from n5fs.gateway.namespace.paths import CONTROL
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

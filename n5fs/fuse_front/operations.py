@@ -37,8 +37,8 @@ from n5fs.fuse_front._lib import (
     fill_read_buf,
 )
 from n5fs.fuse_front.attrs import StatMaker
-from n5fs.gateway.paths import CONTROL
-from n5fs.gateway.reader import PageCache
+from n5fs.gateway.namespace.paths import CONTROL
+from n5fs.gateway.read.reader import PageCache
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from n5fs.gateway.commit_rules import Mode, Rejection
+from n5fs.gateway.commit.rules import Mode, Rejection
 from n5fs.gateway.config import GatewayConfig
 from n5fs.gateway.gateway import Gateway
-from n5fs.gateway.paths import Attr, EntryKind
+from n5fs.gateway.namespace.paths import Attr, EntryKind
 
 __all__ = ["Attr", "EntryKind", "Gateway", "GatewayConfig", "Mode", "Rejection"]

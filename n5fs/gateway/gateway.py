@@ -5,20 +5,17 @@ Writes are staged per open file and committed at ``flush`` (every close), ``fsyn
 (strict mode refuses, warn mode records, off mode trusts) and stores it with one atomic
 ``set``. No FUSE in here: tests drive it directly.
 
-This class is the façade the FUSE front calls; each concern lives in its own module, which
-owns its state and states its lock discipline:
-
-- :mod:`~n5fs.gateway.handles` — open files (nodes, handles, staging);
-- :mod:`~n5fs.gateway.filecalls` — the calls on a file's content, open to release;
-- :mod:`~n5fs.gateway.namespace_view` — the namespace (listings, virtual dirs, links, control
-  entries);
-- :mod:`~n5fs.gateway.committer` — validation, store writes, commit order, rejections,
-  counters, consolidated metadata, change notices;
-- :mod:`~n5fs.gateway.renames` — rename, link, symlink.
+This class builds the pieces of one mount and is what the FUSE front (or a view) calls. The
+content calls go to :class:`~n5fs.gateway.write.filecalls.FileCalls`; the namespace changes
+(unlink, mkdir, rmdir, rename, link, symlink) and the order of shutdown are its own. Each
+piece lives in the subpackage that owns its state, whose docstring names that state and its
+locks: :mod:`n5fs.gateway.write` (open files, staging), :mod:`n5fs.gateway.commit` (rules,
+commit order, renames, many mounts), :mod:`n5fs.gateway.namespace` (listings, walks, links,
+control entries), :mod:`n5fs.gateway.read` (byte cache, read-ahead, descriptors).
 
 Lock order, whole gateway (a thread only ever takes locks further down this list while
 holding one): node locks (in key order) -> commit-order folder locks
-(:mod:`~n5fs.gateway.ordering`) -> the consolidated-metadata lock -> leaf locks (caches,
+(:mod:`~n5fs.gateway.commit.ordering`) -> the consolidated-metadata lock -> leaf locks (caches,
 tables, counters). Cache loads (a LIST, a detection) run outside every cache lock and are
 shared between threads. ``docs/semantics.md`` ("Consistency and concurrency") is the contract.
 """
@@ -40,23 +37,23 @@ from n5fs.errors import (
     PrefixNotEmpty,
     Rejected,
 )
-from n5fs.gateway.commit_rules import Mode, Rejection
-from n5fs.gateway.committer import Committer
-from n5fs.gateway.conditional import Conditional
+from n5fs.gateway.commit.committer import Committer
+from n5fs.gateway.commit.conditional import Conditional
+from n5fs.gateway.commit.renames import Renamer
+from n5fs.gateway.commit.rules import Mode, Rejection
 from n5fs.gateway.config import GatewayConfig
-from n5fs.gateway.control import ControlEntries
-from n5fs.gateway.filecalls import FileCalls, read_whole
-from n5fs.gateway.handles import OpenFiles, StagingConfig
-from n5fs.gateway.namespace_view import NamespaceView
-from n5fs.gateway.paths import (
+from n5fs.gateway.namespace.control import ControlEntries
+from n5fs.gateway.namespace.listings import NamespaceView
+from n5fs.gateway.namespace.paths import (
     Attr,
     EntryKind,
     path_to_key,
     statfs_of,
 )
-from n5fs.gateway.reader import ObjectReader, PageCache
-from n5fs.gateway.renames import Renamer
-from n5fs.gateway.staging import StagingBudget
+from n5fs.gateway.read.reader import ObjectReader, PageCache
+from n5fs.gateway.write.filecalls import FileCalls, read_whole
+from n5fs.gateway.write.handles import OpenFiles, StagingConfig
+from n5fs.gateway.write.staging import StagingBudget
 from n5fs.kvstore.file import Durability, FileStore
 from n5fs.kvstore.keys import folders_above
 
@@ -152,7 +149,7 @@ class Gateway:
         refusals, renames, unlinks, consolidated metadata rewritten). Any thread; must not
         block or call back into the gateway. ``own_writes=False``: not told of a file whose
         commit stored just what was written to it through this gateway's file calls
-        (:meth:`~n5fs.gateway.committer.Committer.subscribe`)."""
+        (:meth:`~n5fs.gateway.commit.committer.Committer.subscribe`)."""
         self.committer.subscribe(callback, own_writes=own_writes)
 
     # == namespace ==================================================================================
@@ -197,7 +194,7 @@ class Gateway:
 
     def page_cache(self, fh: int) -> PageCache:
         """What the kernel does with the pages it caches of the file at this open
-        (:meth:`FileCalls.page_cache <n5fs.gateway.filecalls.FileCalls.page_cache>`)."""
+        (:meth:`FileCalls.page_cache <n5fs.gateway.write.filecalls.FileCalls.page_cache>`)."""
         return self.calls.page_cache(fh)
 
     def create(self, path: str, flags: int = os.O_WRONLY) -> int:
@@ -219,7 +216,7 @@ class Gateway:
     def read_fd_unopened(self, path: str, size: int, offset: int) -> int | None:
         """The descriptor a read of a file that no ``open`` came before is served from, open
         until the calling thread's next such read; None for a control entry
-        (:mod:`~n5fs.gateway.unopened`)."""
+        (:mod:`~n5fs.gateway.read.unopened`)."""
         return self.calls.read_fd_unopened(path, size, offset)
 
     @property

@@ -3,7 +3,7 @@
 A view never talks to the store behind the gateway's back for names: a file's existence,
 size and mtime come from the gateway's cached listings (one LIST per folder answers every
 lookup in it), a folder's format from its detector. Object bytes come through
-:meth:`ObjectReader.whole <n5fs.gateway.reader.ObjectReader.whole>` (one GET, kept in the
+:meth:`ObjectReader.whole <n5fs.gateway.read.reader.ObjectReader.whole>` (one GET, kept in the
 gateway's byte LRU) or, for pieces of a shard, one ranged GET.
 
 What a view computes from stored bytes (a transcoded chunk, a padded end block, decoded
@@ -14,7 +14,7 @@ read afresh, and the mount's memory stays within one ``cache_size`` budget.
 
 Counters (``source_reads``, ``translated``, ``decoded``...) say what the view did; they are
 what ``/.n5fs/view.json`` shows and what tests count. Thread-safe: the gateway's caches are,
-:class:`~n5fs.gateway.byte_cache.Counters` locks, and a computation runs single-flight (the
+:class:`~n5fs.gateway.read.byte_cache.Counters` locks, and a computation runs single-flight (the
 kernel reads a file in parallel 128 KiB pieces: threads asking for one chunk's decoded values
 wait for one decode). A follower whose leader's result was not cached (too large for the LRU,
 or overtaken) computes its own.
@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING
 
 from n5fs.detect import Folder, FolderKind
 from n5fs.errors import DetectionFailed, Rejected
-from n5fs.gateway.byte_cache import Counters
-from n5fs.gateway.paths import EntryKind
+from n5fs.gateway.namespace.paths import EntryKind
+from n5fs.gateway.read.byte_cache import Counters
 from n5fs.kvstore.base import ByteRange
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from n5fs.gateway import Attr, Gateway
-    from n5fs.gateway.byte_cache import Version
+    from n5fs.gateway.read.byte_cache import Version
 
 _TAG = "\x00view\x00"
 COUNTERS = ("source_reads", "source_bytes", "translated", "decoded", "shard_indexes")

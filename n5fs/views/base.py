@@ -33,9 +33,9 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from n5fs.errors import IsAPrefix, KeyExists, KeyNotFound, NotAPrefix, ReadOnly
-from n5fs.gateway.filecalls import read_whole
-from n5fs.gateway.paths import CONTROL, Attr, EntryKind, is_control, path_to_key
-from n5fs.gateway.reader import PageCache
+from n5fs.gateway.namespace.paths import CONTROL, Attr, EntryKind, is_control, path_to_key
+from n5fs.gateway.read.reader import PageCache
+from n5fs.gateway.write.filecalls import read_whole
 from n5fs.views.writes import ViewWrites
 
 if TYPE_CHECKING:

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from n5fs.detect import Folder, FolderKind
-from n5fs.gateway.paths import EntryKind
-from n5fs.gateway.reader import PageCache
+from n5fs.gateway.namespace.paths import EntryKind
+from n5fs.gateway.read.reader import PageCache
 from n5fs.views.source import SourceArray, source_array
 from n5fs.views.tree import Entry, PlanCache, ViewTree, document, left_out, to_json
 

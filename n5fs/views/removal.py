@@ -55,7 +55,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound, PrefixNotEmpty
-from n5fs.gateway.paths import EntryKind
+from n5fs.gateway.namespace.paths import EntryKind
 from n5fs.kvstore.keys import basename, parent
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from n5fs.formats.base import KeyKind
 from n5fs.formats.n5 import N5ArrayNode
 from n5fs.formats.zarr2 import Zarr2ArrayNode
 from n5fs.formats.zarr3 import Zarr3ArrayNode
-from n5fs.gateway.paths import EntryKind
+from n5fs.gateway.namespace.paths import EntryKind
 
 if TYPE_CHECKING:
     from n5fs.formats.base import ArrayNode

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from n5fs.detect import FolderKind
-from n5fs.gateway.paths import Attr, EntryKind
-from n5fs.gateway.reader import PageCache
+from n5fs.gateway.namespace.paths import Attr, EntryKind
+from n5fs.gateway.read.reader import PageCache
 from n5fs.kvstore.keys import basename, dir_prefix, parent
 
 if TYPE_CHECKING:

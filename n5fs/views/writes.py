@@ -1,7 +1,7 @@
 """Writes through ``--as zarr3`` / ``--as zarr2`` over an N5 hierarchy: they land as N5.
 
 Each file a Zarr writer writes is *staged* in memory under its view name (at most the
-gateway's :data:`~n5fs.gateway.committer.MAX_VALIDATED_BYTES`) and *committed* when flushed,
+gateway's :data:`~n5fs.gateway.commit.committer.MAX_VALIDATED_BYTES`) and *committed* when flushed,
 released or renamed under a name the view translates: a metadata document (``zarr.json``;
 ``.zarray``, ``.zgroup``, ``.zattrs``) becomes the folder's ``attributes.json`` (axes
 reversed: N5 lists the fastest first; ``dataType``, ``compression`` from the codec; the
@@ -37,8 +37,8 @@ from n5fs.detect import Folder, FolderKind
 from n5fs.errors import FileTooLarge, KeyNotFound, PrefixNotEmpty, Rejected
 from n5fs.formats.base import ArrayNode, KeyKind
 from n5fs.formats.n5 import ATTRIBUTES, N5ArrayNode, load_attributes
-from n5fs.gateway.committer import MAX_VALIDATED_BYTES
-from n5fs.gateway.paths import Attr, EntryKind
+from n5fs.gateway.commit.committer import MAX_VALIDATED_BYTES
+from n5fs.gateway.namespace.paths import Attr, EntryKind
 from n5fs.kvstore.keys import basename, parent
 from n5fs.views.n5 import N5_VERSION
 from n5fs.views.removal import ARRAY, GROUP, Removals

@@ -39,7 +39,7 @@ from n5fs.formats.base import KeyKind
 from n5fs.formats.registry import get_format
 from n5fs.formats.zarr2 import Zarr2ArrayNode
 from n5fs.formats.zarr3 import Zarr3ArrayNode
-from n5fs.gateway.paths import EntryKind
+from n5fs.gateway.namespace.paths import EntryKind
 from n5fs.views import codecs
 from n5fs.views.codecs import ZARR2, ZARR3, ViewCodec
 from n5fs.views.source import (

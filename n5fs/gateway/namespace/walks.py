@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from n5fs.gateway.paths import DirEntries, FolderSplitter
+from n5fs.gateway.namespace.paths import DirEntries, FolderSplitter
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -7,7 +7,7 @@ State and locks:
   LIST per folder however many threads miss it; a LIST that began before one of our commits is
   never stored; our commits replace the cached value with a patched copy, so a committed name
   is visible to ``stat`` and ``readdir`` the moment the commit returns);
-- walks (:mod:`~n5fs.gateway.walks`, its own locks): on a store that prefers flat listings,
+- walks (:mod:`~n5fs.gateway.namespace.walks`, its own locks): on a store that prefers flat listings,
   a miss of a folder of an array's chunk tree waits for one flat listing of the array (or of
   the part of it holding the folder), which fills the listing of every folder it passes
   (never one a commit touched meanwhile, never over a live one). Its workers take no lock
@@ -21,7 +21,7 @@ State and locks:
   lookup of a file in a folder with no live listing asks ``stat`` for that file alone, unless
   a cached listing above leaves the folder out; a name with nothing on disk is a miss
   (``nothing_at``) without a listing; anything else there lists the folder, as elsewhere;
-- uncommitted new files come from :class:`~n5fs.gateway.handles.OpenFiles` (its own locks).
+- uncommitted new files come from :class:`~n5fs.gateway.write.handles.OpenFiles` (its own locks).
 Nothing here writes to the store except ``make_prefix``/``remove_prefix`` for directories.
 """
 
@@ -37,9 +37,8 @@ from typing import TYPE_CHECKING
 from n5fs.detect import FolderKind
 from n5fs.errors import DetectionFailed, KeyNotFound, NotAPrefix, Rejected
 from n5fs.formats.registry import PROBE_NAMES
-from n5fs.gateway.byte_cache import LoadingCache
-from n5fs.gateway.links import links_of
-from n5fs.gateway.paths import (
+from n5fs.gateway.namespace.links import links_of
+from n5fs.gateway.namespace.paths import (
     CONTROL,
     CONTROL_FILES,
     Attr,
@@ -48,7 +47,8 @@ from n5fs.gateway.paths import (
     FileMap,
     is_control,
 )
-from n5fs.gateway.walks import ArrayWalks
+from n5fs.gateway.namespace.walks import ArrayWalks
+from n5fs.gateway.read.byte_cache import LoadingCache
 from n5fs.kvstore.base import KeyInfo
 from n5fs.kvstore.keys import basename, dir_prefix, folder_of, parent
 
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from n5fs.detect import Detector
-    from n5fs.gateway.handles import OpenFiles
+    from n5fs.gateway.write.handles import OpenFiles
     from n5fs.kvstore.base import KvStore
 
 #: the listing of a folder that holds no key

@@ -8,16 +8,16 @@ State and locks:
   ``written``, ``unlinked``, ``failed``) and the stamps its local readers opened (``reading``).
   Everything that changes a node's content (write, truncate, commit, rename of the key)
   holds it; a read takes it only to go through staging. It is taken *before* any
-  commit-order lock (:mod:`n5fs.gateway.ordering`) and never while ``OpenFiles._lock`` is
+  commit-order lock (:mod:`n5fs.gateway.commit.ordering`) and never while ``OpenFiles._lock`` is
   held.
 - A handle's read-ahead window is one immutable value replaced by assignment. A read-only
-  handle over a local file holds its own descriptor (:class:`~n5fs.gateway.reader.LocalFile`)
+  handle over a local file holds its own descriptor (:class:`~n5fs.gateway.read.reader.LocalFile`)
   from open to release; a read uses it while the node stages nothing (one unlocked look at
   ``node.staged``: a read that misses a write starting that instant is ordered before it).
 
 Writes never load what they will not use: a node's staging buffer starts from the stored
 object lazily (:class:`StoredObject` fetches ranges on demand), and ``O_TRUNC`` or a new file
-starts empty; all buffers draw on one :class:`~n5fs.gateway.staging.StagingBudget`.
+starts empty; all buffers draw on one :class:`~n5fs.gateway.write.staging.StagingBudget`.
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
-from n5fs.gateway.paths import Attr, EntryKind
-from n5fs.gateway.reader import LocalFile, PageCache, ReadWindow
-from n5fs.gateway.staging import StagedFile, StagingBudget
+from n5fs.gateway.namespace.paths import Attr, EntryKind
+from n5fs.gateway.read.reader import LocalFile, PageCache, ReadWindow
+from n5fs.gateway.write.staging import StagedFile, StagingBudget
 from n5fs.kvstore.base import ByteRange
 from n5fs.kvstore.keys import parent
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from n5fs.gateway.byte_cache import Stamp
-    from n5fs.gateway.reader import ObjectReader
+    from n5fs.gateway.read.byte_cache import Stamp
+    from n5fs.gateway.read.reader import ObjectReader
     from n5fs.kvstore.base import KvStore
 
 
@@ -77,7 +77,7 @@ class Node:
     failed: bool = False
     #: a modification time set (``utimens``) while content is staged: the commit applies it
     mtime: float | None = None
-    #: the stored version a metadata commit compares with (:mod:`n5fs.gateway.conditional`):
+    #: the stored version a metadata commit compares with (:mod:`n5fs.gateway.commit.conditional`):
     #: what the mount saw when the node was opened for writing, then what it last wrote
     base: str | None = None
     #: how many open handles read each version of the local file (their stamps)

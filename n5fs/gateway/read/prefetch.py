@@ -5,7 +5,7 @@ Why: on S3 every object is a request whose latency dwarfs its transfer for a 4 M
 the kernel asks for one file at a time. A reader that walks a folder's chunk files in listing
 order (``cat *``, ``cp -r``, ``tar``, TensorStore reading a region chunk by chunk) gets the next
 few objects of the folder fetched while it reads the current one; they land in the reader's
-byte cache (:class:`~n5fs.gateway.byte_cache.ByteLRU`), the one memory budget for object bytes, and
+byte cache (:class:`~n5fs.gateway.read.byte_cache.ByteLRU`), the one memory budget for object bytes, and
 are evicted like any other entry.
 
 - :class:`Flights`: one fetch per key in flight. A read of an object being fetched (by the
@@ -31,7 +31,7 @@ Where the folder's listing comes from is the gateway's business (:attr:`Prefetch
 the namespace's cached listings); without one there is no read-ahead.
 
 Lock discipline: ``Flights._lock`` guards the flight table and is held for table work only; it
-may take the byte cache's lock inside it (a leaf, :mod:`n5fs.gateway.byte_cache`), never the
+may take the byte cache's lock inside it (a leaf, :mod:`n5fs.gateway.read.byte_cache`), never the
 reverse. ``Prefetcher._lock`` guards the folder windows, the stride guess, the sorted-name
 memo and the in-flight budget; it is a leaf, never held around a store call or a listing lookup. Store I/O
 runs with no lock held, on the caller's thread or the pool's.
@@ -46,13 +46,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from n5fs.gateway.byte_cache import fits, version_of
+from n5fs.gateway.read.byte_cache import fits, version_of
 from n5fs.kvstore.keys import basename, parent
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from n5fs.gateway.byte_cache import ByteLRU, Ticket, Version
+    from n5fs.gateway.read.byte_cache import ByteLRU, Ticket, Version
     from n5fs.kvstore.base import KeyInfo
 
 log = logging.getLogger(__name__)

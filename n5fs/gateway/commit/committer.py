@@ -3,17 +3,17 @@ changes afterwards (listings, cached bytes, detection, consolidated metadata, th
 view through subscribers).
 
 State and locks (the committer owns them):
-- the commit order (:class:`~n5fs.gateway.ordering.ArrayOrder`): every store write of a
+- the commit order (:class:`~n5fs.gateway.commit.ordering.ArrayOrder`): every store write of a
   commit, a delete or a rename runs inside a ``hold`` of the folders it depends on, so chunk
   commits of one array run in parallel and a metadata commit excludes them;
-- consolidated-metadata upkeep (:class:`~n5fs.gateway.consolidated.ConsolidatedKeeper`) runs
+- consolidated-metadata upkeep (:class:`~n5fs.gateway.commit.consolidated.ConsolidatedKeeper`) runs
   inside that hold and under the keeper's own lock: one read-modify-write at a time;
 - rejections (a bounded deque) and subscribers under ``_lock``; counters under their own lock;
-- chunk checks that run while a chunk is written (:mod:`~n5fs.gateway.prevalidate`): a
+- chunk checks that run while a chunk is written (:mod:`~n5fs.gateway.commit.prevalidate`): a
   commit finishes its node's check *before* taking the commit order (the check needs no
   metadata), and uses it inside the order only if it was made for what the key is then.
 All of these are leaf locks except the order: nothing waits for a node lock while holding them.
-Callers hold the node lock of what they commit (see :mod:`n5fs.gateway.handles`).
+Callers hold the node lock of what they commit (see :mod:`n5fs.gateway.write.handles`).
 
 The order of effects in a commit is the point: store first, then the caches are patched and
 invalidated (still inside the hold), so a cache load that began before the store write is
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 
 from n5fs.errors import NotSupported, Rejected, StaleVersion
 from n5fs.formats.registry import METADATA_NAMES
-from n5fs.gateway.byte_cache import Counters, version_of
-from n5fs.gateway.commit_rules import UNREAD, CommitRules, Mode, Rejection, Unread
-from n5fs.gateway.consolidated import ConsolidatedKeeper
-from n5fs.gateway.ordering import ArrayOrder
-from n5fs.gateway.prevalidate import Precheck, Prechecks
+from n5fs.gateway.commit.consolidated import ConsolidatedKeeper
+from n5fs.gateway.commit.ordering import ArrayOrder
+from n5fs.gateway.commit.prevalidate import Precheck, Prechecks
+from n5fs.gateway.commit.rules import UNREAD, CommitRules, Mode, Rejection, Unread
+from n5fs.gateway.read.byte_cache import Counters, version_of
 from n5fs.kvstore.keys import basename
 
 if TYPE_CHECKING:
@@ -42,11 +42,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
     from n5fs.detect import Detector
-    from n5fs.gateway.conditional import Conditional
-    from n5fs.gateway.handles import Node
-    from n5fs.gateway.namespace_view import NamespaceView
-    from n5fs.gateway.reader import ObjectReader
-    from n5fs.gateway.staging import StagedFile, StagingBudget
+    from n5fs.gateway.commit.conditional import Conditional
+    from n5fs.gateway.namespace.listings import NamespaceView
+    from n5fs.gateway.read.reader import ObjectReader
+    from n5fs.gateway.write.handles import Node
+    from n5fs.gateway.write.staging import StagedFile, StagingBudget
     from n5fs.kvstore.base import KvStore
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class Committer:
 
     def versioned(self, key: str) -> bool:
         """Is a commit of ``key`` a compare-and-swap (a metadata name, conditional writes in
-        force: :mod:`n5fs.gateway.conditional`)?"""
+        force: :mod:`n5fs.gateway.commit.conditional`)?"""
         return self.conditional.in_force and is_metadata(key)
 
     def base_of(self, key: str) -> str | None:

@@ -6,7 +6,7 @@ metadata name validates the content at its new name, like any commit.
 Locks, in the order taken: the nodes of both names (:meth:`OpenFiles.pinned`, in key order:
 the bytes validated are the bytes stored, no other handle can commit either name meanwhile,
 and two links to one new name cannot both succeed), then the commit order of both names
-(:mod:`n5fs.gateway.ordering`), then leaf locks. A directory rename holds both directories
+(:mod:`n5fs.gateway.commit.ordering`), then leaf locks. A directory rename holds both directories
 exclusively: no commit runs below either while keys move.
 
 Known limit: files open *below* a directory while it is renamed keep their old names and
@@ -27,19 +27,19 @@ from n5fs.errors import (
     PrefixNotEmpty,
     Rejected,
 )
-from n5fs.gateway.byte_cache import version_of
-from n5fs.gateway.commit_rules import Mode
-from n5fs.gateway.committer import is_metadata
-from n5fs.gateway.links import add_link, remove_link
-from n5fs.gateway.paths import Attr, EntryKind
+from n5fs.gateway.commit.committer import is_metadata
+from n5fs.gateway.commit.rules import Mode
+from n5fs.gateway.namespace.links import add_link, remove_link
+from n5fs.gateway.namespace.paths import Attr, EntryKind
+from n5fs.gateway.read.byte_cache import version_of
 from n5fs.kvstore.keys import basename, folder_of, folders_above
 
 if TYPE_CHECKING:
     from n5fs.detect import Detector
-    from n5fs.gateway.committer import Committer
-    from n5fs.gateway.handles import Node, OpenFiles
-    from n5fs.gateway.namespace_view import NamespaceView
-    from n5fs.gateway.reader import ObjectReader
+    from n5fs.gateway.commit.committer import Committer
+    from n5fs.gateway.namespace.listings import NamespaceView
+    from n5fs.gateway.read.reader import ObjectReader
+    from n5fs.gateway.write.handles import Node, OpenFiles
     from n5fs.kvstore.base import KvStore
 
 

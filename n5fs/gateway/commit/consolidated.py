@@ -17,7 +17,7 @@ consolidated file itself meanwhile); the lock is taken inside that, and nothing 
 under it but cache (leaf) locks.
 
 Other mounts of the same bucket keep the same documents, and no lock reaches them. Where
-conditional writes are in force (:mod:`n5fs.gateway.conditional`) each rewrite is a
+conditional writes are in force (:mod:`n5fs.gateway.commit.conditional`) each rewrite is a
 compare-and-swap: read the document with its version, merge, write ``If-Match`` that version
 (``If-None-Match`` never: a document is only kept, never created here). A lost race re-reads
 the key's current value and the latest document and merges again, after a jittered pause,

@@ -6,7 +6,7 @@ Why: :meth:`~n5fs.formats.base.ArrayNode.validate_chunk` decodes a chunk whole a
 decoded copy; that costs more than the decode itself (a bounded one-shot inflate with
 ``max_length`` is slower than a streaming one, and every fresh multi-MiB buffer pays its page
 faults), and it cannot start before the last byte is there. A streaming check
-can run while a chunk is written (:mod:`n5fs.gateway.prevalidate`) or on a whole stored
+can run while a chunk is written (:mod:`n5fs.gateway.commit.prevalidate`) or on a whole stored
 chunk (:func:`passes`).
 
 Soundness is the rule: a check accepts only what ``validate_chunk`` accepts - header, its fit

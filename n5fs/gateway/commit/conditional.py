@@ -20,7 +20,7 @@ commit is a compare-and-swap against the version this mount *read*:
   bytes equal to the current ones are no conflict (two nodes creating the same array with the
   same metadata both succeed; only one write happens), also when the other's write lands
   between this commit's read and its write;
-- consolidated documents are merged, not refused (:mod:`n5fs.gateway.consolidated`): a lost
+- consolidated documents are merged, not refused (:mod:`n5fs.gateway.commit.consolidated`): a lost
   race re-reads the latest document and merges again, with bounded jittered retries.
 
 Where conditional writes are not in force (a file or zip store, an endpoint that ignores the
@@ -28,8 +28,8 @@ headers, ``-o conditional=off``) every method here degrades to today's single-wr
 behaviour: plain writes, no version kept. ``reason`` says why (``n5fs status`` shows it).
 
 State: ``reason`` is decided once, before the gateway serves a call, and never changes; the
-conflict counter has its own leaf lock (:class:`~n5fs.gateway.byte_cache.Counters`). Callers hold
-the commit order of the key (:mod:`n5fs.gateway.ordering`), so one mount never races itself
+conflict counter has its own leaf lock (:class:`~n5fs.gateway.read.byte_cache.Counters`). Callers hold
+the commit order of the key (:mod:`n5fs.gateway.commit.ordering`), so one mount never races itself
 between :meth:`current` and :meth:`put`; the race left is with other mounts, and that is
 what the version answers.
 """
@@ -40,7 +40,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from n5fs.errors import StaleVersion, VersionConflict
-from n5fs.gateway.byte_cache import Counters
+from n5fs.gateway.read.byte_cache import Counters
 
 if TYPE_CHECKING:
     from n5fs.kvstore.base import KeyInfo, KvStore, Versioned

@@ -2,7 +2,7 @@
 
 Why: ``cp -r`` of compressed chunks spent most of its time inside ``close()``, decoding each
 chunk in one go on the thread that answers FUSE, while the next file waited. The streaming
-decoders (:mod:`n5fs.gateway.streamcheck`) take their input piece by piece and release the
+decoders (:mod:`n5fs.gateway.commit.streamcheck`) take their input piece by piece and release the
 GIL, so a chunk written sequentially from offset 0 (``cp``, most writers) is decoded on a
 worker thread as its writes land, on the other core; ``close()`` waits only for the last
 piece. Decoded bytes are counted and dropped, never held: a bomb stops the check at the size
@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING
 from n5fs.errors import N5fsError
 from n5fs.formats.base import ArrayNode, Format, KeyKind
 from n5fs.formats.registry import METADATA_NAMES
-from n5fs.gateway.streamcheck import ChunkParser, Unsure, parser_for
+from n5fs.gateway.commit.streamcheck import ChunkParser, Unsure, parser_for
 from n5fs.kvstore.keys import basename
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from n5fs.classify import Classifier, Verdict
-    from n5fs.gateway.staging import StagedFile, StagingBudget
+    from n5fs.gateway.write.staging import StagedFile, StagingBudget
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class Precheck:
 
 
 class ChunkCheck:
-    """A :class:`~n5fs.gateway.staging.Watcher` that checks a chunk while it is written."""
+    """A :class:`~n5fs.gateway.write.staging.Watcher` that checks a chunk while it is written."""
 
     def __init__(self, owner: Prechecks, verdict: Verdict, parser: ChunkParser) -> None:
         assert verdict.fmt is not None

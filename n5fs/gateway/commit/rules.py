@@ -24,12 +24,12 @@ from n5fs.classify import Classifier, Verdict
 from n5fs.detect import Detector, candidates
 from n5fs.errors import Rejected
 from n5fs.formats.base import ArrayNode, Format, GroupNode, KeyKind, Node
-from n5fs.gateway.pool import OrderedPool
-from n5fs.gateway.streamcheck import passes
+from n5fs.gateway.commit.pool import OrderedPool
+from n5fs.gateway.commit.streamcheck import passes
 from n5fs.kvstore.keys import basename, folder_of
 
 if TYPE_CHECKING:
-    from n5fs.gateway.prevalidate import Precheck
+    from n5fs.gateway.commit.prevalidate import Precheck
     from n5fs.kvstore.base import KvStore
 
 Loader = Callable[[], bytes]
@@ -116,7 +116,7 @@ class CommitRules:
         self.classifier = Classifier(detector)
         self._pool = OrderedPool(min(4, os.cpu_count() or 1), "n5fs-stored-chunks")
         #: accept a chunk in its plain case with the streaming decoders before the full
-        #: check (:func:`~n5fs.gateway.prevalidate.passes`: same verdict, less work)
+        #: check (:func:`~n5fs.gateway.commit.prevalidate.passes`: same verdict, less work)
         self.streaming = True
 
     def close(self) -> None:
@@ -137,7 +137,7 @@ class CommitRules:
 
         ``load`` is called only when the bytes matter (metadata, chunks): other keys, which
         may be large files, are never read. A chunk of ``size`` bytes that a check passed
-        while it was written (``pre``, :mod:`n5fs.gateway.prevalidate`) is not decoded again
+        while it was written (``pre``, :mod:`n5fs.gateway.commit.prevalidate`) is not decoded again
         when that check was made for what the key is now. ``stored`` is the key's stored value
         where the caller has read it already (a compare-and-swap commit validates against
         the version it will replace); else it comes with the folder's probe batch.

@@ -5,7 +5,7 @@ fetched as several ranges at once on a bounded pool (one GET stream is latency-b
 
 A whole object is fetched once however many ask for it, and a reader walking a folder's
 objects in listing order gets the next ones fetched ahead into the same LRU, on the same pool
-(:mod:`n5fs.gateway.prefetch`; the gateway tells :meth:`ObjectReader.follow` where folder
+(:mod:`n5fs.gateway.read.prefetch`; the gateway tells :meth:`ObjectReader.follow` where folder
 listings come from). Prefetched bytes count against ``cache_bytes`` like any other.
 
 Where the store keeps a key in a local file (:meth:`~n5fs.kvstore.base.KvStore.local_path`:
@@ -17,10 +17,10 @@ with the old bytes to its end, as on a local filesystem; the next open reads the
 
 What the kernel keeps of a file's pages at open (:class:`PageCache`) is decided here too, from
 the file's stamp at open and the one remembered from its previous open
-(:class:`~n5fs.gateway.byte_cache.OpenedStamps`).
+(:class:`~n5fs.gateway.read.byte_cache.OpenedStamps`).
 
 Memory: the byte cache's budget (``cache_bytes``) counts the whole objects being fetched as well
-as those cached (:class:`~n5fs.gateway.byte_cache.ByteLRU` reservations). For that budget to be the
+as those cached (:class:`~n5fs.gateway.read.byte_cache.ByteLRU` reservations). For that budget to be the
 process's memory, a freed object buffer must go back to the system: glibc's malloc serves a
 request of at least its *mmap threshold* with a mapping of its own (unmapped at free), but
 raises that threshold to the size of every such buffer freed (up to 32 MiB), after which 4 MiB
@@ -43,7 +43,7 @@ Concurrency: a handle's read-ahead state is one immutable :class:`ReadWindow`; `
 the current window and returns the next one, which the caller stores with one assignment, so
 two reads on one handle each see a consistent window (never old bytes at a new offset). Cached
 bytes are tied to the object's version, and a read that began before a commit cannot store
-its bytes after it (:class:`~n5fs.gateway.byte_cache.ByteLRU` tickets). Counters are locked.
+its bytes after it (:class:`~n5fs.gateway.read.byte_cache.ByteLRU` tickets). Counters are locked.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
-from n5fs.gateway.byte_cache import ByteLRU, Counters, Stamp, Version
-from n5fs.gateway.prefetch import Flights, Prefetcher
+from n5fs.gateway.read.byte_cache import ByteLRU, Counters, Stamp, Version
+from n5fs.gateway.read.prefetch import Flights, Prefetcher
 from n5fs.kvstore.base import ByteRange
 from n5fs.kvstore.keys import basename, folder_of
 from n5fs.malloc import map_large_buffers

@@ -12,13 +12,13 @@ and the mount's housekeeping, and asks this module whether a name may change
 (:meth:`FileCalls.check_ancestors`).
 
 State and locks: the only state of its own is :attr:`FileCalls.failed_creates`
-(:class:`~n5fs.gateway.handles.FailedCreates`, own leaf lock) and :attr:`FileCalls.unopened`
-(:class:`~n5fs.gateway.unopened.UnopenedReads`, own leaf lock). Everything else belongs to
-its owners: nodes and handles to :class:`~n5fs.gateway.handles.OpenFiles` (a node's lock is
+(:class:`~n5fs.gateway.write.handles.FailedCreates`, own leaf lock) and :attr:`FileCalls.unopened`
+(:class:`~n5fs.gateway.read.unopened.UnopenedReads`, own leaf lock). Everything else belongs to
+its owners: nodes and handles to :class:`~n5fs.gateway.write.handles.OpenFiles` (a node's lock is
 held here around every change of its staged content and around its commit, and taken before any
-commit-order lock), listings to :class:`~n5fs.gateway.namespace_view.NamespaceView`, bytes to
-:class:`~n5fs.gateway.reader.ObjectReader`, commits to
-:class:`~n5fs.gateway.committer.Committer`. The lock order of the whole gateway is in
+commit-order lock), listings to :class:`~n5fs.gateway.namespace.listings.NamespaceView`, bytes to
+:class:`~n5fs.gateway.read.reader.ObjectReader`, commits to
+:class:`~n5fs.gateway.commit.committer.Committer`. The lock order of the whole gateway is in
 :mod:`~n5fs.gateway.gateway`.
 """
 
@@ -37,23 +37,23 @@ from n5fs.errors import (
     ReadOnly,
     Rejected,
 )
-from n5fs.gateway.byte_cache import stamp_of, version_of
-from n5fs.gateway.handles import FailedCreates, Handle, Node
-from n5fs.gateway.paths import EntryKind, is_control, path_to_key
-from n5fs.gateway.reader import PageCache
-from n5fs.gateway.unopened import UnopenedReads
+from n5fs.gateway.namespace.paths import EntryKind, is_control, path_to_key
+from n5fs.gateway.read.byte_cache import stamp_of, version_of
+from n5fs.gateway.read.reader import PageCache
+from n5fs.gateway.read.unopened import UnopenedReads
+from n5fs.gateway.write.handles import FailedCreates, Handle, Node
 from n5fs.kvstore.keys import basename, parent
 from n5fs.kvstore.tempnames import is_partial
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from n5fs.gateway.byte_cache import Stamp
-    from n5fs.gateway.committer import Committer
-    from n5fs.gateway.handles import OpenFiles
-    from n5fs.gateway.namespace_view import NamespaceView
-    from n5fs.gateway.paths import Attr
-    from n5fs.gateway.reader import ObjectReader
+    from n5fs.gateway.commit.committer import Committer
+    from n5fs.gateway.namespace.listings import NamespaceView
+    from n5fs.gateway.namespace.paths import Attr
+    from n5fs.gateway.read.byte_cache import Stamp
+    from n5fs.gateway.read.reader import ObjectReader
+    from n5fs.gateway.write.handles import OpenFiles
     from n5fs.kvstore.base import KvStore
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
@@ -254,7 +254,7 @@ class FileCalls:
 
     def read_unopened(self, path: str, size: int, offset: int) -> bytes:
         """``size`` bytes at ``offset`` of ``path``, read with no handle (zero-message opens:
-        :mod:`~n5fs.gateway.unopened`). A control entry is rendered afresh and announced
+        :mod:`~n5fs.gateway.read.unopened`). A control entry is rendered afresh and announced
         stale once read, so the kernel, which keeps the pages of files it opened by itself,
         asks again next time; a file is read from the descriptor :meth:`read_fd_unopened`
         gives (libfuse prefers to read that one itself)."""
@@ -344,7 +344,7 @@ class FileCalls:
         name is gone now, not at its release: ``stat`` says ENOENT and ``readdir`` leaves it
         out (:attr:`Node.failed`; :meth:`_commit` has the kernel drop what it cached), and
         the caller's retried ``open(O_CREAT)``, which the kernel may send as a plain
-        ``open``, is served as a create (:class:`~n5fs.gateway.handles.FailedCreates`)."""
+        ``open``, is served as a create (:class:`~n5fs.gateway.write.handles.FailedCreates`)."""
         node.failed = True
         self.failed_creates.remember(node.key)
 

@@ -8,7 +8,7 @@ and each READ names a path, not a handle. Reading 10k small files is then two FU
 are what bound reading many small files.
 
 A read is answered with a descriptor that libfuse reads from itself, in C, after the callback
-returned (as handle reads are: :meth:`~n5fs.gateway.filecalls.FileCalls.read_fd`); answering
+returned (as handle reads are: :meth:`~n5fs.gateway.write.filecalls.FileCalls.read_fd`); answering
 with bytes instead slowed large sequential reads markedly (a Python ``pread`` and a copy per
 128 KiB, plus an open and a close). So the descriptor must outlive
 the call, and nobody releases it. libfuse reads it on the thread that called, before that
@@ -38,14 +38,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
-from n5fs.gateway.paths import path_to_key
+from n5fs.gateway.namespace.paths import path_to_key
 from n5fs.kvstore.keys import basename
 from n5fs.kvstore.tempnames import is_partial
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from n5fs.gateway.reader import LocalFile, ObjectReader
+    from n5fs.gateway.read.reader import LocalFile, ObjectReader
 
 
 #: a thread's descriptor serves later reads of its path for this long (seconds), then the

@@ -17,7 +17,7 @@ download nor its size in memory:
   base ranges at commit) skip all-zero blocks, leaving holes; ``FileStore.put_file`` keeps them.
 - A new, empty file may be *watched* (:meth:`StagedFile.watch`): its :class:`Watcher` sees
   every write and truncate in the order they land, so a chunk written sequentially can be
-  checked while it arrives (:mod:`n5fs.gateway.prevalidate`) and a commit only finishes the
+  checked while it arrives (:mod:`n5fs.gateway.commit.prevalidate`) and a commit only finishes the
   check. The watcher is told of each change after it is staged, under the same node lock.
 
 Ownership and locks: a StagedFile is owned by one open-file node of the gateway and used only

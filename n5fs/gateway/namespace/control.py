@@ -17,14 +17,14 @@ import threading
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound, N5fsError
-from n5fs.gateway.paths import CONTROL
+from n5fs.gateway.namespace.paths import CONTROL
 
 if TYPE_CHECKING:
-    from n5fs.gateway.committer import Committer
-    from n5fs.gateway.handles import OpenFiles
-    from n5fs.gateway.namespace_view import NamespaceView
-    from n5fs.gateway.reader import ObjectReader
-    from n5fs.gateway.staging import StagingBudget
+    from n5fs.gateway.commit.committer import Committer
+    from n5fs.gateway.namespace.listings import NamespaceView
+    from n5fs.gateway.read.reader import ObjectReader
+    from n5fs.gateway.write.handles import OpenFiles
+    from n5fs.gateway.write.staging import StagingBudget
     from n5fs.kvstore.base import KvStore
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def padded(text: str) -> bytes:
     """``text`` and a newline, padded with spaces (JSON allows them) to a multiple of
     :data:`STATS_BLOCK` bytes: the counters change between a reader's ``stat`` and its
     reads, the size does not. Where the kernel reads the file through its page cache (a
-    read-only mount's zero-message opens, :mod:`~n5fs.gateway.unopened`) it reads up to the
+    read-only mount's zero-message opens, :mod:`~n5fs.gateway.read.unopened`) it reads up to the
     size it was told, so a document of another length would come out cut or padded with
     zeros; this way a read is whole, at worst a moment old."""
     raw = text.encode()
