@@ -23,6 +23,7 @@ metadata commit sees the new metadata.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -38,7 +39,6 @@ from n5fs.gateway.read.byte_cache import Counters, version_of
 from n5fs.kvstore.keys import basename
 
 if TYPE_CHECKING:
-    import contextlib
     from collections.abc import Callable, Iterable, Sequence
 
     from n5fs.detect import Detector
@@ -83,6 +83,7 @@ class Committer:
         self.keeper = ConsolidatedKeeper(
             store, view.exists, self._written_by_keeper, conditional=conditional.in_force
         )
+        self.budget = budget
         self.counters = Counters("commits", "rejections", "bytes_in", "prechecked")
         #: chunk checks while writes arrive; none when nothing is validated
         self.prechecks = (
@@ -206,8 +207,19 @@ class Committer:
         staged = node.staged
         assert staged is not None
         key = node.key
-        content = _Content(staged)
         pre = self.prechecks.finish(staged) if self.prechecks is not None else None
+        with contextlib.ExitStack() as memory:
+            content = _Content(staged, self.budget, memory)
+            if (pre is None or not pre.passed) and self.mode is not Mode.OFF and staged.spilled:
+                # a full check reads the spilled content back whole: wait for working memory
+                # here, before the commit order, never inside it
+                memory.enter_context(self.budget.borrow(staged.size))
+                content.borrowed = True
+            self._commit_content(node, key, staged, content, pre)
+
+    def _commit_content(
+        self, node: Node, key: str, staged: StagedFile, content: _Content, pre: Precheck | None
+    ) -> None:
         with self.hold(key):
             try:
                 spilled = staged.spill_path()
@@ -395,12 +407,22 @@ class _Content:
     writes parts gets the pieces the file was written in, and the join - a copy of every byte
     - never happens."""
 
-    def __init__(self, staged: StagedFile) -> None:
+    def __init__(
+        self, staged: StagedFile, budget: StagingBudget, memory: contextlib.ExitStack
+    ) -> None:
         self._staged = staged
+        self._budget = budget
+        self._memory = memory
+        #: working memory for the joined bytes is held (until the commit ends)
+        self.borrowed = False
         self.joined: bytes | None = None
 
     def whole(self) -> bytes:
         if self.joined is None:
+            if self._staged.spilled and not self.borrowed:
+                # inside the commit order: counted, never waited for
+                self._memory.enter_context(self._budget.borrow(self._staged.size, wait=0))
+                self.borrowed = True
             self.joined = self._staged.getvalue()
         return self.joined
 

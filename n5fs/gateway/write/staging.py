@@ -29,6 +29,7 @@ StagedFile of a gateway and guards its counter with its own lock, held only for 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import sys
 import tempfile
@@ -52,16 +53,52 @@ MAX_SMALL_PIECES = 16
 
 
 class StagingBudget:
-    """One byte budget for staged data held in memory across all open files of a gateway."""
+    """One byte budget for the memory a gateway's writes hold: the staged bytes of every open
+    file (:meth:`reserve`, never waiting: a file that is refused spills), and the *working
+    memory* of a commit that needs content whole (:meth:`borrow`: a full check of a spilled
+    chunk, a view's translation of a chunk), which waits its turn instead.
+
+    Why one budget for both: six large chunks committed at once each read their content back
+    from disk and decoded it, and a view's translation held the written chunk, its values and
+    the encoded block; per call that is bounded, but summed over concurrent commits it was the
+    daemon's peak, beyond every limit the user set. Borrowed bytes count as used, so staged
+    files spill while a commit works, and commits take turns.
+
+    A borrow is granted when it fits beside what is used, or when no other borrow is out: a
+    commit larger than the whole budget still runs, alone, and a borrow never waits for staged
+    files, which may stay open for as long as their writers like. A thread that holds a borrow
+    is granted the borrows it nests (a translation's native commit) at once: it never waits for
+    itself. A borrow that is not granted within ``wait`` seconds goes ahead anyway, counted in
+    :attr:`overdrawn`: a commit is delayed by the budget, never stopped by it.
+
+    Lock: ``_lock`` (a leaf, under a condition for the borrowers that wait) guards the
+    counters; it is held for the arithmetic only, never across I/O or a fetch, so taking it
+    inside any node lock cannot deadlock."""
+
+    #: how long a borrow waits for its turn before it goes ahead over the budget
+    WAIT = 30.0
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._used = 0
+        self._lent = 0  # how much of _used is borrowed working memory
+        self._borrows = 0  # borrows out (nested ones not counted)
+        #: borrows granted after waiting ``WAIT`` (over the budget)
+        self.overdrawn = 0
+        #: the most working memory lent at once
+        self.peak_lent = 0
         self._lock = threading.Lock()
+        self._turn = threading.Condition(self._lock)
+        self._local = threading.local()
 
     @property
     def used(self) -> int:
         return self._used
+
+    @property
+    def lent(self) -> int:
+        """Working memory borrowed now (part of :attr:`used`)."""
+        return self._lent
 
     def reserve(self, nbytes: int) -> bool:
         """Take ``nbytes`` from the budget; False (nothing taken) if they are not there."""
@@ -80,6 +117,35 @@ class StagingBudget:
             if nbytes > self._used:
                 raise ValueError(f"releasing {nbytes} staging bytes, only {self._used} reserved")
             self._used -= nbytes
+            self._turn.notify_all()
+
+    @contextlib.contextmanager
+    def borrow(self, nbytes: int, *, wait: float | None = None) -> Iterator[None]:
+        """Hold ``nbytes`` of working memory for the block (see the class docs)."""
+        nbytes = max(nbytes, 0)
+        nested = getattr(self._local, "depth", 0) > 0
+        with self._lock:
+            if not nested:
+                granted = self._turn.wait_for(
+                    lambda: not self._borrows or self._used + nbytes <= self.max_bytes,
+                    self.WAIT if wait is None else wait,
+                )
+                self.overdrawn += not granted
+                self._borrows += 1
+            self._used += nbytes
+            self._lent += nbytes
+            self.peak_lent = max(self.peak_lent, self._lent)
+        self._local.depth = getattr(self._local, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.depth -= 1
+            with self._lock:
+                self._used -= nbytes
+                self._lent -= nbytes
+                if not nested:
+                    self._borrows -= 1
+                self._turn.notify_all()
 
 
 class Watcher(Protocol):
@@ -224,6 +290,10 @@ class _Memory:
         pieces = self.pieces
         if pieces is not None and offset == 0 and size >= self._pieces_len:
             data = b"".join(pieces)  # the commit's one copy (none for a single piece)
+            if len(pieces) > 1:
+                # the joined value stands for the pieces from now on: the file is held once,
+                # not twice, while the commit works on it
+                self.pieces, self.small = [data], 0
         else:
             data = bytes(memoryview(self.flatten())[offset : offset + size])
         return data + bytes(size - len(data)) if len(data) < size else data
