@@ -318,7 +318,7 @@ class N5ArrayNode(ArrayNode):
                 f"values of shape {array.shape} do not fit the "
                 f"block at {position}, shaped {extent}",
             )
-        payload = array.astype(self.stored_dtype).tobytes(order="F")
+        payload = array.astype(self.stored_dtype, copy=False).tobytes(order="F")
         return encode_header(extent) + self.compression.encode(payload)
 
     def structural(self) -> Mapping[str, Any]:

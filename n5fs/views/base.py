@@ -4,13 +4,15 @@
 GatewayLike`) and sits on a :class:`~n5fs.gateway.Gateway`. What its tree says is *native*
 (a plain file, a folder, a chunk whose bytes stay as stored) goes to the gateway unchanged,
 page cache and local descriptors included; what the view makes (metadata documents,
-translated chunks, ``.npy`` files) it serves from its own open handles, numbered apart from
-the gateway's (from ``2**40``), so one ``fh`` never means two files.
+translated chunks, ``.npy`` files) is opened as a gateway handle reading that content
+(:meth:`~n5fs.gateway.write.filecalls.FileCalls.open_made`). Every handle is the gateway's:
+one numbering, one table, and every call by handle goes straight to it.
 
-A Zarr view (``zarr3``, ``zarr2``) of a writable N5 store takes writes: they are staged and
-translated into native N5 by :class:`~n5fs.views.writes.ViewWrites` (its own handles, from
-``2**41``), and committed through the gateway; the ``n5`` view of a writable Zarr store,
-likewise, into native Zarr (:class:`~n5fs.views.n5_writes.N5ViewWrites`). Removing a
+A Zarr view (``zarr3``, ``zarr2``) of a writable N5 store takes writes: the gateway stages
+them under their view names like any file (its handles, its one staging budget, spilling to
+disk) and hands each to :class:`~n5fs.views.writes.ViewWrites` to commit, which translates
+it into native N5 and stores that through the gateway; the ``n5`` view of a writable Zarr
+store, likewise, into native Zarr (:class:`~n5fs.views.n5_writes.N5ViewWrites`). Removing a
 document or a folder there removes the native data it stands for
 (:class:`~n5fs.views.removal.Removals`: the names it hides are hidden here). Every other view
 (``npy``, Zarr over Zarr, N5 over N5, a read-only store) answers EROFS
@@ -19,17 +21,15 @@ gateway is asked; so does a writable view outside the hierarchies it writes into
 control folder ``/.n5fs/`` is the gateway's, plus ``view.json``: what the view did (source reads, chunks
 translated, units decoded), for ``cat`` and for tests.
 
-Thread-safety: the handle table is guarded by ``_lock`` (a leaf lock, dictionary work only);
-contents are immutable once made; the tree and the gateway are thread-safe.
+Thread-safety: the view keeps no table of its own (handles and staged files are the
+gateway's); contents are immutable once made; the tree and the gateway are thread-safe.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
-import threading
 from typing import TYPE_CHECKING, Any
 
 from n5fs.errors import IsAPrefix, KeyExists, KeyNotFound, NotAPrefix, ReadOnly
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from n5fs.gateway import Gateway
     from n5fs.views.tree import Content, Entry, ViewTree
 
-#: the view's own handles start here (the gateway counts from 1)
-VIEW_HANDLES = 1 << 40
 #: the view's counters, beside the gateway's control files
 VIEW_STATS = f"{CONTROL}/view.json"
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
@@ -59,9 +57,6 @@ class View:
         self.tree = tree
         self.writes = _writes_for(gateway, tree)
         self.read_only = self.writes is None
-        self._open: dict[int, Content] = {}
-        self._fh = itertools.count(VIEW_HANDLES)
-        self._lock = threading.Lock()
 
     @property
     def format(self) -> str:
@@ -141,8 +136,7 @@ class View:
         if flags & _WRITE_FLAGS or staged:
             return self._open_writing(path, key, flags)
         if key == VIEW_STATS:
-            data = self._stats()
-            return self._add(_Uncached(data))
+            return self._add(_Uncached(self._stats()))
         if is_control(key):
             return self.gateway.open(path, flags)
         _, entry = self._entry(path)
@@ -164,8 +158,9 @@ class View:
             raise IsAPrefix(f"is a directory: {path}")
         if entry.native:
             return self.gateway.open(path, flags)
-        current = None if flags & os.O_TRUNC else self.read_file(path)
-        return writes.open(key, flags, current)
+        _, shown = self._entry(path)  # what a writer of this mount declared, if one did
+        base = None if flags & os.O_TRUNC or shown.open is None else _Shown(shown)
+        return writes.open(key, flags, base)
 
     def _writes(self, what: str, path: str, key: str) -> ViewWrites:
         """The view's writes, where ``key`` may be written; else EROFS."""
@@ -179,65 +174,34 @@ class View:
         return self.writes
 
     def _add(self, content: Content) -> int:
-        with self._lock:
-            fh = next(self._fh)
-            self._open[fh] = content
-        return fh
+        return self.gateway.calls.open_made(content, content.page_cache)
 
-    def _content(self, fh: int) -> Content | None:
-        if fh < VIEW_HANDLES:
-            return None
-        content = self._open.get(fh)  # one dict lookup: atomic without the lock
-        if content is None:
-            raise KeyNotFound(f"no open file with handle {fh}")
-        return content
+    # Every handle is the gateway's (native files, view files being written, made content).
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
-        if self.writes is not None and self.writes.owns(fh):
-            return self.writes.read(fh, size, offset)
-        content = self._content(fh)
-        if content is None:
-            return self.gateway.read(fh, size, offset)
-        return content.read(size, offset)
+        return self.gateway.read(fh, size, offset)
 
     def read_fd(self, fh: int, size: int, offset: int) -> int | None:
         """The gateway's descriptor for a native file; None for what the view makes."""
-        read_fd = getattr(self.gateway, "read_fd", None)
-        if fh >= VIEW_HANDLES or read_fd is None:
-            return None
-        fd: int | None = read_fd(fh, size, offset)
-        return fd
+        return self.gateway.read_fd(fh, size, offset)
 
     def page_cache(self, fh: int) -> PageCache:
-        if self.writes is not None and self.writes.owns(fh):
-            return PageCache.DROP
-        content = self._content(fh)
-        if content is not None:
-            return content.page_cache
-        decide = getattr(self.gateway, "page_cache", None)
-        return PageCache.DROP if decide is None else PageCache(decide(fh))
+        if self.writes is not None and self._translated(fh):
+            return PageCache.DROP  # its size as read is not the size the view will show
+        return self.gateway.page_cache(fh)
+
+    def _translated(self, fh: int) -> bool:
+        node = self.gateway.files.handle(fh).node
+        return node is not None and node.translator is not None
 
     def flush(self, fh: int) -> None:
-        if self.writes is not None and self.writes.owns(fh):
-            self.writes.flush(fh)
-        elif fh < VIEW_HANDLES:
-            self.gateway.flush(fh)
+        self.gateway.flush(fh)
 
     def fsync(self, fh: int) -> None:
-        if self.writes is not None and self.writes.owns(fh):
-            self.writes.flush(fh)
-        elif fh < VIEW_HANDLES:
-            self.gateway.fsync(fh)  # the control file's fsync flushes the store (unmount)
+        self.gateway.fsync(fh)  # the control file's fsync flushes the store (unmount)
 
     def release(self, fh: int) -> None:
-        if self.writes is not None and self.writes.owns(fh):
-            self.writes.release(fh)
-            return
-        if fh < VIEW_HANDLES:
-            self.gateway.release(fh)
-            return
-        with self._lock:
-            self._open.pop(fh, None)
+        self.gateway.release(fh)
 
     # == changes (a writable Zarr view over N5; else EROFS) ========================================
 
@@ -253,11 +217,9 @@ class View:
         return writes.open(key, flags | os.O_TRUNC, None)
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
-        if self.writes is not None and self.writes.owns(fh):
-            return self.writes.write(fh, data, offset)
-        if fh < VIEW_HANDLES and self.writes is not None:
-            return self.gateway.write(fh, data, offset)  # a native file opened for writing
-        raise self._refuse("write", f"handle {fh}")
+        if self.writes is None:
+            raise self._refuse("write", f"handle {fh}")
+        return self.gateway.write(fh, data, offset)
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> None:
         key = path_to_key(path)
@@ -349,8 +311,6 @@ class View:
         self.gateway.drop_caches()
 
     def close(self) -> None:
-        with self._lock:
-            self._open.clear()
         self.gateway.close()
 
     # -- convenience for tests and notebooks -----------------------------------------------------
@@ -379,6 +339,24 @@ def _writes_for(gateway: Gateway, tree: ViewTree) -> ViewWrites | None:
     if root is None and not n5_without_attributes(tree.access):
         return None
     return ViewWrites(gateway, tree)
+
+
+class _Shown:
+    """What the view shows at a path, the base a view file opened for writing starts from:
+    read by range when a write leaves a part untouched or the commit needs it all, never up
+    front (:class:`~n5fs.gateway.write.staging.BaseObject`). The content is made once, at the
+    first read."""
+
+    def __init__(self, entry: Entry) -> None:
+        self._entry = entry
+        self._content: Content | None = None
+        self.size = entry.size
+
+    def fetch(self, offset: int, length: int) -> bytes:
+        if self._content is None:
+            assert self._entry.open is not None
+            self._content = self._entry.open()
+        return self._content.read(length, offset)
 
 
 class _Uncached:

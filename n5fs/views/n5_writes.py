@@ -110,6 +110,10 @@ class N5ViewWrites(ViewWrites):
         prefix, node, _, pos = found
         return prefix + node.chunk_key(pos[::-1])
 
+    def _dataset_of(self, key: str) -> N5ArrayNode | None:
+        found = self._block(key)
+        return None if found is None else found[2]
+
     def declared(self, key: str) -> Entry | None:
         """A dataset's ``attributes.json`` as its writer wrote it in this mount (its blocks
         the view makes from the chunks, with a compression of the same name)."""
@@ -159,6 +163,7 @@ class N5ViewWrites(ViewWrites):
         if values.shape != n5node.extent(pos):
             raise _refusal("a varlength block: Zarr has no such chunk", key, "varlength", fmt)
         chunk = node.encode_chunk(pos[::-1], np.asarray(values).T)
+        del values  # the chunk is all the commit needs
         self._native("/" + prefix + node.chunk_key(pos[::-1]), chunk)
         return True
 

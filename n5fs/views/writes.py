@@ -1,8 +1,10 @@
 """Writes through ``--as zarr3`` / ``--as zarr2`` over an N5 hierarchy: they land as N5.
 
-Each file a Zarr writer writes is *staged* in memory under its view name (at most the
-gateway's :data:`~n5fs.gateway.commit.committer.MAX_VALIDATED_BYTES`) and *committed* when flushed,
-released or renamed under a name the view translates: a metadata document (``zarr.json``;
+Each file a Zarr writer writes is *staged* by the gateway under its view name, like any
+file (:meth:`~n5fs.gateway.write.filecalls.FileCalls.open_translated`: its handles, the one
+staging budget, spilling to disk), and *committed* by this view (:meth:`ViewWrites.commit`,
+the gateway's :class:`~n5fs.gateway.write.handles.Translator`) when flushed, released or
+renamed under a name the view translates: a metadata document (``zarr.json``;
 ``.zarray``, ``.zgroup``, ``.zattrs``) becomes the folder's ``attributes.json`` (axes
 reversed: N5 lists the fastest first; ``dataType``, ``compression`` from the codec; the
 attributes), a chunk (the view's flat ``z.y.x`` keys, or the keys of the encoding the writer
@@ -17,24 +19,28 @@ Any other name (zarr-python's ``zarr.<uuid>.partial`` temp files) stays staged, 
 stored: a rename or hard link into a translated name commits it, an unlink drops it. Folders
 made inside an array (``c/0``) exist in the view only: N5 has its own block folders.
 
-Thread-safety: ``_lock`` is a leaf lock around the dictionaries; commits run outside it (the
-gateway serializes what it must).
+A translation holds the written chunk, its values and the encoded block at once; it runs in
+working memory borrowed from the gateway's staging budget
+(:meth:`~n5fs.gateway.write.staging.StagingBudget.borrow`), so large chunks committed at once
+take turns instead of each holding its own copies.
+
+Thread-safety: ``_lock`` is a leaf lock around the view's own tables (folders made inside an
+array, the documents writers declared, subscribers); the staged files are the gateway's, and
+a commit runs under the view file's node lock (the gateway's), outside ``_lock``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
-import os
+import math
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from n5fs.detect import Folder, FolderKind
-from n5fs.errors import FileTooLarge, KeyNotFound, PrefixNotEmpty, Rejected
+from n5fs.errors import KeyNotFound, PrefixNotEmpty, Rejected
 from n5fs.formats.base import ArrayNode, KeyKind
 from n5fs.formats.n5 import ATTRIBUTES, N5ArrayNode, load_attributes
 from n5fs.gateway.commit.committer import MAX_VALIDATED_BYTES
@@ -50,21 +56,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from n5fs.gateway import Gateway
+    from n5fs.gateway.write.staging import BaseObject, StagedFile
     from n5fs.views.access import SourceAccess
     from n5fs.views.zarr import ZarrTree
 
-#: the view's write handles (its read handles start at 2**40)
-WRITE_HANDLES = 1 << 41
 _META = {"zarr3": ("zarr.json",), "zarr2": (".zarray", ".zgroup", ".zattrs")}
-
-
-@dataclass
-class _Staged:
-    """One view file being written: its bytes, and whether they changed since the commit."""
-
-    data: bytearray = field(default_factory=bytearray)
-    dirty: bool = True
-    refs: int = 0
 
 
 class _Recorded(Exception):
@@ -90,12 +86,10 @@ class ViewWrites:
     def __init__(self, gateway: Gateway, tree: ZarrTree) -> None:
         self.gateway = gateway
         self.tree = tree
-        self._files: dict[str, _Staged] = {}
-        self._handles: dict[int, str] = {}
+        self.calls = gateway.calls
         self._dirs: set[str] = set()
         #: array prefix -> the Zarr document its writer declared (its chunk keys, its codecs)
         self._declared: dict[str, _Declared] = {}
-        self._fh = itertools.count(WRITE_HANDLES)
         self._subscribers: list[Callable[[Sequence[str]], None]] = []
         self._lock = threading.Lock()
         self.removals = Removals(self)
@@ -141,21 +135,23 @@ class ViewWrites:
     # -- namespace -----------------------------------------------------------------------------
 
     def stat(self, key: str) -> Attr | None:
+        node = self.calls.files.translated(key)
+        staged = None if node is None else node.staged
+        if staged is not None:
+            return Attr(EntryKind.FILE, staged.size)
         with self._lock:
-            staged = self._files.get(key)
-            if staged is not None:
-                return Attr(EntryKind.FILE, len(staged.data))
             return Attr(EntryKind.DIR) if key in self._dirs else None
 
     def names(self, folder: str) -> list[tuple[str, Attr]]:
         """What the view lists in ``folder`` beside the tree: staged files, view folders."""
         with self._lock:
-            keys = [*self._files, *self._dirs]
+            dirs = [d for d in self._dirs if parent(d) == folder]
             declared = self._declared.get(folder + "/")
-        found = [(basename(k), self.stat(k)) for k in keys if parent(k) == folder]
+        found = self.calls.files.translated_children(folder)
+        found += [(basename(d), Attr(EntryKind.DIR)) for d in dirs]
         if declared is not None:
             found.append((declared.name, Attr(EntryKind.FILE, len(declared.doc))))
-        return [(name, attr) for name, attr in found if attr is not None]
+        return found
 
     def mkdir(self, key: str) -> bool:
         """A folder inside an array lives in the view only (True); else the gateway's."""
@@ -169,129 +165,83 @@ class ViewWrites:
         with self._lock:
             if key not in self._dirs:
                 return False
-            if any(parent(k) == key for k in (*self._files, *self._dirs)):
+            if self.calls.files.translated_children(key) or any(
+                parent(d) == key for d in self._dirs
+            ):
                 raise PrefixNotEmpty(f"directory not empty: /{key}")
             self._dirs.discard(key)
         return True
 
-    # -- files ---------------------------------------------------------------------------------
+    # -- files (staged by the gateway; committed here) -------------------------------------------
 
-    def owns(self, fh: int) -> bool:
-        return fh >= WRITE_HANDLES
-
-    def open(self, key: str, flags: int, current: bytes | None) -> int:
-        """A handle writing ``key``: its staged bytes, else ``current`` (None: a new file)."""
-        with self._lock:
-            staged = self._files.get(key)
-            if staged is None:
-                staged = self._files[key] = _Staged(bytearray(current or b""))
-            if flags & os.O_TRUNC:
-                del staged.data[:]
-                staged.dirty = True
-            staged.refs += 1
-            fh = next(self._fh)
-            self._handles[fh] = key
-        return fh
-
-    def _staged(self, fh: int) -> tuple[str, _Staged]:
-        with self._lock:
-            key = self._handles.get(fh)
-            staged = None if key is None else self._files.get(key)
-        if key is None or staged is None:
-            raise KeyNotFound(f"no open file with handle {fh}")
-        return key, staged
-
-    def read(self, fh: int, size: int, offset: int) -> bytes:
-        _, staged = self._staged(fh)
-        return bytes(staged.data[offset : offset + size])
-
-    def write(self, fh: int, data: bytes, offset: int) -> int:
-        key, staged = self._staged(fh)
-        end = offset + len(data)
-        if end > MAX_VALIDATED_BYTES:
-            raise FileTooLarge(f"/{key}: a view file over {MAX_VALIDATED_BYTES} bytes")
-        with self._lock:
-            staged.data.extend(bytes(max(0, offset - len(staged.data))))
-            staged.data[offset:end] = data
-            staged.dirty = True
-        return len(data)
+    def open(self, key: str, flags: int, base: BaseObject | None) -> int:
+        """A gateway handle writing the view file ``key``, over ``base`` (what the view shows
+        there now; None: a new file)."""
+        return self.calls.open_translated(key, flags, self, base)
 
     def truncate(self, key: str, length: int) -> bool:
-        if length > MAX_VALIDATED_BYTES:
-            raise FileTooLarge(f"/{key}: a view file over {MAX_VALIDATED_BYTES} bytes")
-        with self._lock:
-            staged = self._files.get(key)
-            if staged is None:
-                return False
-            del staged.data[length:]
-            staged.data.extend(bytes(length - len(staged.data)))
-            staged.dirty = True
-        return True
-
-    def flush(self, fh: int) -> None:
-        """Commit the handle's file. Nothing to flush on a handle whose file was renamed away:
-        TensorStore's file kvstore renames ``KEY.__lock`` onto ``KEY`` (committed then) while
-        its handles are open, and closes them after."""
-        with self._lock:
-            key = self._handles.get(fh)
-            moved = key is not None and key not in self._files
-        if moved:
-            return
-        key, staged = self._staged(fh)
-        if staged.dirty:
-            self._commit(key, staged)
-
-    def release(self, fh: int) -> None:
-        with self._lock:
-            key = self._handles.pop(fh, None)
-            staged = None if key is None else self._files.get(key)
-            if staged is not None:
-                staged.refs -= 1
-        if key is not None and staged is not None and staged.dirty and staged.refs <= 0:
-            with contextlib.suppress(Rejected):  # recorded; the flush before answered EINVAL
-                self._commit(key, staged)
+        return self.calls.truncate_translated(key, length)
 
     def unlink(self, key: str) -> bool:
         """Drop a staged file (True), else leave ``key`` to the caller."""
-        with self._lock:
-            return self._files.pop(key, None) is not None
+        return self.calls.unlink_translated(key)
 
     def rename(self, old: str, new: str, *, keep: bool = False) -> bool:
         """Move (``keep``: link) a staged file to ``new``, committing it there if it is a
         name the view translates. False: ``old`` is no staged file."""
-        with self._lock:
-            staged = self._files.get(old)
-            if staged is None:
-                return False
-            moved = _Staged(bytearray(staged.data), True)
-            if not keep:
-                del self._files[old]
-            self._files[new] = moved
-        self._commit(new, moved)
-        return True
+        return self.calls.rename_translated(old, new, keep=keep)
 
-    def _commit(self, key: str, staged: _Staged) -> None:
-        """Translate and store ``key`` if the view translates its name (else keep it staged).
-        A document is stored under its folder's removal hold (:mod:`n5fs.views.removal`)."""
-        data = bytes(staged.data)
-        with self.removals.writing(key):
-            done = self._translated(key, data)
-            if done:
-                self.removals.unhide(key)
+    def commit(self, key: str, staged: StagedFile) -> bool:
+        """Translate and store ``key`` if the view translates its name (else False: it stays
+        staged). The written bytes, the values and the encoded result are held in working
+        memory borrowed from the budget; a document is stored under its folder's removal hold
+        (:mod:`n5fs.views.removal`)."""
+        if not self._translates(key):
+            return False
+        if staged.size > MAX_VALIDATED_BYTES:
+            self._translated(key, None)  # refused, recorded: never read into memory
+        with self.gateway.budget.borrow(self._working_bytes(key, staged.size)):
+            data = staged.getvalue()
+            with self.removals.writing(key):
+                done = self._translated(key, data)
+                if done:
+                    self.removals.unhide(key)
         if done:
-            with self._lock:
-                staged.dirty = False
-                if self._files.get(key) is staged and staged.refs <= 0:
-                    del self._files[key]
             self.changed(key)
+        return done
 
-    def _translated(self, key: str, data: bytes) -> bool:
-        """:meth:`_translate`, a refusal recorded (the staged file dropped)."""
+    def _translates(self, key: str) -> bool:
+        """Is ``key`` a name the view translates (a document, a chunk of a dataset)? A chunk
+        the view will refuse counts: its commit words the refusal."""
+        if basename(key) in self.document_names() and parent(key) not in self._dirs:
+            return True
         try:
-            return self._translate(key, data)
+            return self.native_chunk(key) is not None
+        except Rejected:
+            return True
+
+    def _working_bytes(self, key: str, size: int) -> int:
+        """What a translation of ``size`` written bytes holds at most: those bytes, the
+        decoded chunk and the encoded result (about the decoded size again)."""
+        try:
+            dataset = self._dataset_of(key)
+        except Rejected:
+            dataset = None
+        if dataset is None:
+            return size
+        return size + 2 * math.prod(dataset.block_size) * dataset.dtype.itemsize
+
+    def _dataset_of(self, key: str) -> N5ArrayNode | None:
+        """The N5 dataset whose block the chunk ``key`` is (None: no chunk)."""
+        found = self._chunk(key, parse_doc=False)
+        return None if found is None else found[2]
+
+    def _translated(self, key: str, data: bytes | None) -> bool:
+        """:meth:`_translate`, a refusal recorded (the gateway drops the staged file); None:
+        content too large to translate in memory."""
+        try:
+            return self._translate(key, _within_memory(data))
         except (_Recorded, Rejected) as exc:
-            with self._lock:
-                self._files.pop(key, None)
             if isinstance(exc, _Recorded):
                 raise exc.rejected from None
             why = (
@@ -310,15 +260,14 @@ class ViewWrites:
             return False
         prefix, node, n5node, pos = found
         assert node is not None
-        values = node.decode_chunk(pos, data)
-        block = n5node.encode_chunk(pos[::-1], np.asarray(values).T)
+        block = n5node.encode_chunk(pos[::-1], np.asarray(node.decode_chunk(pos, data)).T)
         self._native("/" + prefix + n5node.chunk_key(pos[::-1]), block)
         return True
 
     def _native(self, path: str, data: bytes) -> None:
         """Store a native file through the gateway (its commit rules record what they refuse)."""
         try:
-            self.gateway.write_file(path, data)
+            self.gateway.calls.store_file(path, data)
         except Rejected as exc:
             raise _Recorded(exc) from exc
 
@@ -455,6 +404,17 @@ class ViewWrites:
     def _store(self, prefix: str, attrs: dict[str, Any]) -> None:
         body = (json.dumps(attrs, indent=2) + "\n").encode()
         self._native("/" + prefix + ATTRIBUTES, body)
+
+
+def _within_memory(data: bytes | None) -> bytes:
+    """``data``, or the refusal of content too large to translate in memory (None)."""
+    if data is None:
+        raise Rejected(
+            f"more than the {MAX_VALIDATED_BYTES} bytes n5fs translates in memory "
+            "for a chunk or metadata file",
+            rule="too-large-to-validate",
+        )
+    return data
 
 
 def n5_without_attributes(access: SourceAccess) -> bool:

@@ -105,7 +105,7 @@ class BytesCodec(ArrayBytesCodec):
                 rule="invalid-value",
             )
         flat = np.frombuffer(data, dtype=self._stored(spec))
-        return flat.astype(spec.dtype).reshape(spec.shape)
+        return flat.astype(spec.dtype, copy=False).reshape(spec.shape)  # no copy: read-only
 
     def encode(self, array: np.ndarray[Any, Any], spec: ArraySpec) -> bytes:
         return np.ascontiguousarray(array, dtype=self._stored(spec)).tobytes()

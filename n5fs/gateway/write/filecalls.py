@@ -53,7 +53,8 @@ if TYPE_CHECKING:
     from n5fs.gateway.namespace.paths import Attr
     from n5fs.gateway.read.byte_cache import Stamp
     from n5fs.gateway.read.reader import ObjectReader
-    from n5fs.gateway.write.handles import OpenFiles
+    from n5fs.gateway.write.handles import OpenFiles, Readable, Translator
+    from n5fs.gateway.write.staging import BaseObject
     from n5fs.kvstore.base import KvStore
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
@@ -151,6 +152,49 @@ class FileCalls:
             node.lock.release()
         return self.files.add_handle(Handle(node, flags))
 
+    def open_translated(
+        self, key: str, flags: int, translator: Translator, base: BaseObject | None
+    ) -> int:
+        """A handle writing the view file ``key`` (a name a view makes, not a store key):
+        staged over ``base`` (what the view shows there; None: a new file), empty with
+        ``O_TRUNC``, and committed by ``translator`` at flush, release or rename, where a
+        native file is committed by the committer. The handle is an ordinary one: read, write,
+        truncate, flush and release take it like any other."""
+        self.check_mutable(key)
+        node = self.files.open_translated(key, translator, base, truncate=bool(flags & os.O_TRUNC))
+        return self.files.add_handle(Handle(node, flags))
+
+    def open_made(self, content: Readable, page_cache: PageCache) -> int:
+        """A read-only handle of content made for this open (a view's document or translated
+        chunk), numbered with every other handle."""
+        return self.files.add_handle(Handle(None, os.O_RDONLY, made=content, page_cache=page_cache))
+
+    def store_file(self, path: str, data: bytes) -> None:
+        """``path`` made to hold ``data``, as create + write + close would, for content that
+        is in memory already (a view's translated chunk): validated and stored as one commit,
+        without staging a copy of it. A name being written through a handle meanwhile goes
+        the ordinary way, so its writer's node sees the same truncate a create would give.
+        Raises :class:`~n5fs.errors.Rejected` if the commit is refused (recorded)."""
+        key = path_to_key(path)
+        self.check_mutable(key)
+        self.reader.forget_pages(key)
+        with self.files.pinned(key) as (node,):
+            if node.staged is None:
+                attr = self.view.lookup(key)
+                if attr is not None and attr.kind is EntryKind.DIR:
+                    raise IsAPrefix(f"is a directory: {path}")
+                if attr is None:
+                    self.check_ancestors(key)
+                self.committer.commit_bytes(key, data, self.committer.base_of(key))
+                self.failed_creates.forget(key)
+                return
+        fh = self.create(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            self.write(fh, data, 0)
+            self.flush(fh)
+        finally:
+            self.release(fh)
+
     def _open_reading(self, key: str, path: str, flags: int) -> int:
         """A read-only open. Where the store keeps the key in a local file, that file's own
         descriptor (opened and ``fstat``-ed as a regular file, no link out of the root)
@@ -232,7 +276,7 @@ class FileCalls:
             return
 
     def _stored_size(self, node: Node) -> int | None:
-        info = self.view.info(node.key) if node.stored else None
+        info = self.view.info(node.key) if node.stored and node.translator is None else None
         return info.size if info is not None else None
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
@@ -242,10 +286,14 @@ class FileCalls:
             return self.reader.read_local(local, size, offset)  # the hot path: one pread
         if handle.control is not None:
             return handle.control[offset : offset + size]
+        if handle.made is not None:
+            return handle.made.read(size, offset)
         assert node is not None
         with node.lock:
             if node.staged is not None:
                 return node.staged.read(size, offset)
+            if node.translator is not None:
+                raise KeyNotFound(f"/{node.key}: the view file is gone (refused or removed)")
             key = node.key
         info = self.view.info(key)
         total, version = (info.size, version_of(info)) if info else (None, None)
@@ -285,12 +333,13 @@ class FileCalls:
     def write(self, fh: int, data: bytes, offset: int) -> int:
         node = self.files.handle(fh).node
         if node is None:
-            raise AccessDenied("control entries are read-only")
+            raise AccessDenied("this file is read-only (a control entry, or made by a view)")
         self.check_mutable(node.key)
         with node.lock:
             staged = self.files.staged(node, self._stored_size(node))
             prechecks = self.committer.prechecks
-            if not offset and not staged.size and prechecks is not None:
+            native = node.translator is None
+            if native and not offset and not staged.size and prechecks is not None:
                 prechecks.start(node.key, staged)  # a chunk written from 0: check as it comes
             written = staged.write(data, offset)
             node.dirty = node.written = True
@@ -324,6 +373,9 @@ class FileCalls:
     def _commit(self, node: Node) -> None:
         """Commit the node (caller holds its lock). A new file whose commit fails, whatever
         the cause, leaves no name: :meth:`_unborn`."""
+        if node.translator is not None:
+            self._commit_translated(node, node.translator)
+            return
         new = not node.stored
         try:
             self.committer.commit_node(node)
@@ -337,6 +389,88 @@ class FileCalls:
                 self.committer.changed([node.key])  # a failing store tells nobody by itself
             raise
         self.failed_creates.forget(node.key)
+
+    def _commit_translated(self, node: Node, translator: Translator) -> None:
+        """Commit a view file (caller holds its lock): the view translates and stores it, or
+        keeps it staged under a name it does not translate. A refused file is gone, as a
+        refused new file is; one committed with no handle left gives its bytes back."""
+        staged = node.staged
+        if staged is None:
+            return
+        try:
+            done = translator.commit(node.key, staged)
+        except Rejected:
+            self.files.drop_translated(node)
+            raise
+        if done:
+            node.dirty = False
+            if node.refs <= 0:
+                self.files.drop_translated(node)
+
+    def truncate_translated(self, key: str, length: int) -> bool:
+        """Cut or grow the staged view file ``key`` (committed at its writer's flush); False
+        when no view file of that name is staged."""
+        node = self.files.translated(key)
+        if node is None:
+            return False
+        with node.lock:
+            if node.staged is None:
+                return False
+            node.staged.truncate(length)
+            node.dirty = node.written = True
+        return True
+
+    def unlink_translated(self, key: str) -> bool:
+        """Drop the staged view file ``key`` (True), else leave ``key`` to the caller."""
+        node = self.files.translated(key)
+        if node is None:
+            return False
+        with node.lock:
+            if node.staged is None or node.key != key:
+                return False
+            node.unlinked = True
+            self.files.drop_translated(node)
+        return True
+
+    def rename_translated(self, old: str, new: str, *, keep: bool = False) -> bool:
+        """Move (``keep``: copy, as a hard link) the staged view file ``old`` to ``new`` and
+        commit it there; False when no view file ``old`` is staged. Open handles follow a
+        moved file; a view file staged at ``new`` before is gone. The copy reads the staged
+        bytes whole, in working memory of the budget."""
+        node = self.files.translated(old)
+        if node is None or node.translator is None:
+            return False
+        translator = node.translator
+        if keep:
+            with node.lock:
+                staged = node.staged
+                if staged is None or node.key != old:
+                    return False
+                with self.files.budget.borrow(staged.size):
+                    data = staged.getvalue()
+            target = self.files.open_translated(new, translator, None, truncate=True)
+            try:
+                with target.lock:
+                    assert target.staged is not None
+                    target.staged.write(data, 0)
+                    self._commit_translated(target, translator)
+            finally:
+                self.files.release_translated(target)
+            return True
+        replaced = None
+        try:
+            with node.lock:
+                if node.staged is None or node.key != old:
+                    return False
+                replaced = self.files.move_translated(node, new)
+                node.dirty = True
+                self._commit_translated(node, translator)
+        finally:
+            if replaced is not None:
+                with replaced.lock:
+                    replaced.unlinked = True
+                    self.files.drop_translated(replaced)
+        return True
 
     def _unborn(self, node: Node) -> None:
         """The first commit of ``node`` failed (caller holds its lock), whatever the cause: a
@@ -405,7 +539,10 @@ class FileCalls:
         except Rejected:
             pass  # recorded by the committer; release() cannot report it
         finally:
-            self.files.release(node)
+            if node.translator is not None:
+                self.files.release_translated(node)
+            else:
+                self.files.release(node)
 
     def utimens(self, path: str, mtime: float) -> None:
         """A file's modification time (``touch -d``, ``cp -a``, ``rsync -a``): kept with staged

@@ -28,12 +28,12 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from n5fs.errors import KeyNotFound
 from n5fs.gateway.namespace.paths import Attr, EntryKind
 from n5fs.gateway.read.reader import LocalFile, PageCache, ReadWindow
-from n5fs.gateway.write.staging import StagedFile, StagingBudget
+from n5fs.gateway.write.staging import BaseObject, StagedFile, StagingBudget
 from n5fs.kvstore.base import ByteRange
 from n5fs.kvstore.keys import parent
 
@@ -56,6 +56,24 @@ class StoredObject:
     def fetch(self, offset: int, length: int) -> bytes:
         data = self.store.get(self.key, ByteRange(offset, length))
         return data if data is not None else b""
+
+
+class Translator(Protocol):
+    """Commits the files written under names a view makes (:mod:`n5fs.views`): what the view's
+    writer wrote is staged here like any file, and turned into native keys by the view."""
+
+    def commit(self, key: str, staged: StagedFile) -> bool:
+        """Translate ``staged`` (the view file ``key``) and store what it stands for; False when
+        ``key`` is a name the view does not translate (a writer's temp file: it stays staged
+        until a rename gives it a name). Raises :class:`~n5fs.errors.Rejected` (EINVAL) for
+        content the view refuses, recorded in the gateway's rejections."""
+        ...
+
+
+class Readable(Protocol):
+    """Content a handle reads that no key holds (a view's documents and translated chunks)."""
+
+    def read(self, size: int, offset: int) -> bytes: ...
 
 
 @dataclass(eq=False)
@@ -83,6 +101,9 @@ class Node:
     #: how many open handles read each version of the local file (their stamps)
     reading: dict[Stamp, int] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    #: a file of a view, written under a name the view makes and committed by this translator
+    #: instead of the committer (:meth:`OpenFiles.open_translated`)
+    translator: Translator | None = None
 
     @property
     def pending(self) -> bool:
@@ -117,6 +138,8 @@ class Handle:
     node: Node | None
     flags: int
     control: bytes | None = None
+    #: content made for this open (a view's document or translated chunk), no key's bytes
+    made: Readable | None = None
     window: ReadWindow = field(default_factory=ReadWindow)
     #: the handle's own descriptor of the stored file (read-only handles, local stores)
     local: LocalFile | None = None
@@ -137,6 +160,8 @@ class OpenFiles:
         self.budget = budget
         self.config = config
         self._nodes: dict[str, Node] = {}
+        #: the nodes of view files, by their view names (a view name may equal a native key)
+        self._translated: dict[str, Node] = {}
         self._handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self._lock = threading.Lock()
@@ -301,21 +326,96 @@ class OpenFiles:
         with self._lock:
             return list(self._nodes.values())
 
+    # -- view files ----------------------------------------------------------------------------
+
+    def open_translated(
+        self, key: str, translator: Translator, base: BaseObject | None, *, truncate: bool
+    ) -> Node:
+        """The node of the view file ``key`` with one more reference, staged (over ``base``,
+        what the view shows there now, or empty): a view's writes draw on the same budget and
+        spill like any file. A view file's node stays in its table while it holds
+        uncommitted bytes, even with no handle open (:meth:`release_translated`)."""
+        with self._lock:
+            node = self._translated.get(key)
+            if node is None:
+                node = self._translated[key] = Node(key, translator=translator)
+            node.refs += 1
+        with node.lock:
+            if truncate:
+                self.empty(node)
+                node.dirty = True
+            elif node.staged is None:
+                node.staged = self._new_staged(base)
+                node.dirty = base is None
+        return node
+
+    def translated(self, key: str) -> Node | None:
+        with self._lock:
+            return self._translated.get(key)
+
+    def translated_children(self, folder: str) -> list[tuple[str, Attr]]:
+        """The view files staged in ``folder``, with their staged sizes."""
+        with self._lock:
+            nodes = [n for k, n in self._translated.items() if parent(k) == folder]
+        out = []
+        for node in nodes:
+            staged = node.staged
+            if staged is not None:
+                out.append((node.key.rsplit("/", 1)[-1], Attr(EntryKind.FILE, staged.size)))
+        return out
+
+    def release_translated(self, node: Node) -> None:
+        """Drop one reference; with none left, a view file that holds nothing uncommitted
+        leaves the table and gives its staged bytes back."""
+        with self._lock:
+            node.refs -= 1
+        with node.lock:
+            if node.refs <= 0 and not (node.dirty and node.staged is not None):
+                self.drop_translated(node)
+
+    def drop_translated(self, node: Node) -> None:
+        """The view file is gone (committed with no handle left, refused, unlinked, or
+        replaced by a rename; caller holds ``node.lock``): out of the table, its staged bytes
+        given back. A handle still open on it reads ENOENT."""
+        with self._lock:
+            if self._translated.get(node.key) is node:
+                del self._translated[node.key]
+        node.dirty = False
+        if node.staged is not None:
+            node.staged.close()
+            node.staged = None
+
+    def move_translated(self, node: Node, dst: str) -> Node | None:
+        """The view file moves to ``dst`` (caller holds ``node.lock``); returns the node that
+        had that name (the caller drops it under its own lock), if another did."""
+        with self._lock:
+            if self._translated.get(node.key) is node:
+                del self._translated[node.key]
+            replaced = self._translated.get(dst)
+            node.key = dst
+            self._translated[dst] = node
+        return replaced if replaced is not node else None
+
     # -- staging -------------------------------------------------------------------------------
 
     def staged(self, node: Node, size: int | None) -> StagedFile:
         """The node's staging buffer (caller holds ``node.lock``): empty for a new file, else
         copy-on-write over the stored object of ``size`` bytes, fetched lazily."""
         if node.staged is None:
-            base = StoredObject(self.store, node.key, size) if node.stored and size else None
-            node.staged = StagedFile(
-                base,
-                budget=self.budget,
-                spill_bytes=self.config.spill_bytes,
-                tmp_dir=self.config.tmp_dir,
-                max_size=self.config.max_size,
-            )
+            base = None
+            if node.stored and size and node.translator is None:
+                base = StoredObject(self.store, node.key, size)
+            node.staged = self._new_staged(base)
         return node.staged
+
+    def _new_staged(self, base: BaseObject | None) -> StagedFile:
+        return StagedFile(
+            base,
+            budget=self.budget,
+            spill_bytes=self.config.spill_bytes,
+            tmp_dir=self.config.tmp_dir,
+            max_size=self.config.max_size,
+        )
 
     def drop_staged(self, node: Node) -> None:
         """Forget what the node stages (caller holds its lock): its content is the stored
