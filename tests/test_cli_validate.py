@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zarr
 
 from n5fs.cli import commands
 from n5fs.cli.commands import EXIT_INVALID, EXIT_UNREADABLE
@@ -264,6 +265,28 @@ def test_validate_finds_each_planted_defect(good: Path, tmp_path: Path, capsys) 
     for key, rule in expected.items():
         assert rule in invalid[key]
     assert doc["checked"]["other"] >= 1
+
+
+def test_validate_reports_an_unknown_hdmf_zarr_dtype(tmp_path: Path, capsys) -> None:
+    """An hdmf-zarr dataset whose ``zarr_dtype`` is outside hdmf-zarr's types is invalid, and
+    the finding names the value; the same store with a real type name is valid."""
+    root = tmp_path / "file.nwb.zarr"
+    top = zarr.open_group(str(root), mode="w", zarr_format=2)
+    top.attrs.update({"namespace": "core", "neurodata_type": "NWBFile"})
+    data = top.create_array("acquisition/data", shape=(6,), chunks=(4,), dtype="<f4")
+    data[:] = np.arange(6, dtype="<f4")
+    data.attrs["zarr_dtype"] = "float32"
+    code, out, _ = run(["validate", "--json", str(root)], capsys)
+    assert code == 0, out
+    data.attrs["zarr_dtype"] = "bogus"
+    code, out, _ = run(["validate", "--json", str(root)], capsys)
+    assert code == 1
+    invalid = {f["key"]: f for f in json.loads(out)["invalid"]}
+    assert set(invalid) == {"acquisition/data/.zattrs"}, invalid
+    finding = invalid["acquisition/data/.zattrs"]
+    assert "zarr-dtype" in finding["rule"]
+    assert "'bogus'" in finding["message"]
+    assert "'float32'" in finding["message"]
 
 
 def test_validate_stdout_is_only_json_through_a_pipe(good: Path) -> None:

@@ -46,6 +46,8 @@ from n5fs.formats.zarr2 import (
     Zarr2Format,
     Zarr2GroupNode,
 )
+from n5fs.gateway import Gateway
+from n5fs.kvstore.memory import MemoryStore
 
 HDMF = HdmfZarrFormat()
 ZARR2 = Zarr2Format()
@@ -255,6 +257,10 @@ INVALID_ATTRS: list[tuple[dict[str, Any], str]] = [
     ({"zarr_dtype": ""}, "zarr-dtype"),
     ({"zarr_dtype": [{"name": "x"}]}, "zarr-dtype"),
     ({"zarr_dtype": [["x", "int32"]]}, "zarr-dtype"),
+    ({"zarr_dtype": "bogus"}, "zarr-dtype"),
+    ({"zarr_dtype": "f8"}, "zarr-dtype"),  # a typestr always carries its byte order
+    ({"zarr_dtype": "Float32"}, "zarr-dtype"),
+    ({"zarr_dtype": [{"name": "x", "dtype": "bogus"}]}, "zarr-dtype"),
     ({".specloc": 1}, "specloc"),
     ({".specloc": "/"}, "specloc"),
     ({".specloc": "a/../../b"}, "specloc"),
@@ -272,6 +278,14 @@ def test_malformed_reserved_attributes_refused(attrs: dict[str, Any], rule: str)
     assert ZARR2.parse_metadata(".zattrs", data).attributes == attrs
 
 
+#: what hdmf-zarr 0.13 wrote: its markers, its mapping's names, the type names it resolved,
+#: and its iterative writer's ``np.dtype(...).str``
+WRITTEN_ZARR_DTYPES = (
+    "scalar", "object", "text", "isodatetime", "str", "bytes", "int16", "float64", "bool",
+    "bool_", "str_", "bytes_", "<U0", "|S0", "|b1", "|O", "<M8[ns]", "|V16",
+)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "attrs",
     [
@@ -282,6 +296,8 @@ def test_malformed_reserved_attributes_refused(attrs: dict[str, Any], rule: str)
             ]
         },
         {"zarr_dtype": "<i8", ".specloc": "/specifications"},
+        *({"zarr_dtype": name} for name in WRITTEN_ZARR_DTYPES),
+        {"zarr_dtype": [{"name": "x", "dtype": "float64"}, {"name": "r", "dtype": "object"}]},
         {"zarr_link": []},
         # hdmf-zarr's relpath of another file: relative to this file's root
         {"zarr_link": [{"name": "a", "source": "../other.nwb.zarr", "path": "/x"}]},
@@ -291,6 +307,29 @@ def test_malformed_reserved_attributes_refused(attrs: dict[str, Any], rule: str)
 )
 def test_wellformed_reserved_attributes_accepted(attrs: dict[str, Any]) -> None:
     assert HDMF.parse_metadata(".zattrs", json.dumps(attrs).encode()).attributes == attrs
+
+
+def test_unknown_zarr_dtype_names_the_value_and_the_allowed_ones() -> None:
+    with pytest.raises(Rejected) as info:
+        HDMF.parse_metadata(".zattrs", b'{"zarr_dtype": "bogus"}', path="d/.zattrs")
+    message = str(info.value)
+    assert "'bogus'" in message
+    for allowed in ("'scalar'", "'object'", "'float32'", "'isodatetime'", "'str_'", "'<f8'"):
+        assert allowed in message
+
+
+def test_gateway_refuses_an_unknown_zarr_dtype(nwb: Path) -> None:
+    """Copied into a gateway, the store takes a good ``zarr_dtype`` and refuses ``"bogus"``."""
+    with Gateway(MemoryStore()) as gw:
+        for path in sorted(p for p in nwb.rglob("*") if p.is_file()):
+            gw.write_file(f"/{path.relative_to(nwb).as_posix()}", path.read_bytes())
+        attrs = "/acquisition/ts/data/.zattrs"
+        gw.write_file(attrs, json.dumps({"zarr_dtype": "<f4"}).encode())
+        with pytest.raises(Rejected) as info:
+            gw.write_file(attrs, json.dumps({"zarr_dtype": "bogus"}).encode())
+        assert (info.value.rule, info.value.fmt) == ("zarr-dtype", "hdmf-zarr")
+        assert "'bogus'" in str(info.value)
+        assert json.loads(gw.read_file(attrs)) == {"zarr_dtype": "<f4"}
 
 
 def test_hdmf_marks() -> None:

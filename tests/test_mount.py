@@ -26,6 +26,7 @@ import pytest
 from n5fs.cli.daemon import process_alive, state_path
 from n5fs.cli.demo import demo_store
 from n5fs.fuse_front.mounts import is_stale, mount_entry
+from n5fs.kvstore.tempnames import writer_of
 from tests.mounting import real_mount, wait_until
 
 pytestmark = real_mount(120)
@@ -360,6 +361,33 @@ def test_sighup_drops_caches(mounter, backing):
     os.kill(mounter.pid(mp), signal.SIGHUP)
     wait_until(lambda: "new.txt" in os.listdir(mp / "plain"), "the listing is read again")
     assert mount_entry(str(mp)) is not None
+
+
+def test_a_killed_daemons_state_file_is_pruned_once_unmounted(mounter):
+    """A daemon killed and its mount detached by hand (not by n5fs unmount) leaves its state
+    file: status lists it with the hint, --prune removes it and says so."""
+    mp = mounter.daemon("demo:")
+    pid = mounter.pid(mp)
+    state = json.loads(state_path(str(mp)).read_text())
+    writer = writer_of(state["writer"])
+    assert writer is not None
+    assert writer.pid == pid
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: is_stale(str(mp)), "the mount goes stale")
+    rows = json.loads(mounter.cli("status", "--json").stdout)
+    [row] = [r for r in rows if r["mountpoint"] == str(mp)]
+    assert row["state"].startswith("stale")  # still mounted: unmount's to clear, not prune's
+    assert mounter.cli("status", "--prune").stdout.startswith("no stale state files\n")
+    assert state_path(str(mp)).exists()
+    subprocess.run(["fusermount3", "-u", "-z", str(mp)], check=True, timeout=30)
+    assert mount_entry(str(mp)) is None
+    [line] = [ln for ln in mounter.cli("status").stdout.splitlines() if ln.startswith(f"{mp} ")]
+    assert line.endswith("(run n5fs status --prune to remove)")
+    pruned = mounter.cli("status", "--prune")
+    assert pruned.returncode == 0, pruned.stderr
+    assert f"removed stale state file {state_path(str(mp))}: {mp} (source demo:" in pruned.stdout
+    assert not state_path(str(mp)).exists()
+    assert str(mp) not in mounter.cli("status").stdout
 
 
 def test_stale_mount_is_reported_and_cleared(mounter):

@@ -403,6 +403,102 @@ def test_sharded_v3_reads_as_zarr2_inner_chunks(source: Path, zarr_copy) -> None
     assert json.loads((copy / "v3/sparse_sharded/.zarray").read_text())["fill_value"] == -1
 
 
+#: (inner chunk shape, transpose order, where the transpose goes, codecs after sharding) of
+#: sharded arrays zarr-python 3 writes with a transposition, each of shape TRANSPOSED_SHAPE in
+#: shards of TRANSPOSED_SHARD; an inner chunk shape is in the transposed shard's axes when the
+#: transpose precedes sharding_indexed
+TRANSPOSED_SHAPE, TRANSPOSED_SHARD = (8, 8, 24), (4, 8, 12)
+TRANSPOSED: dict[str, tuple[tuple[int, ...], tuple[int, ...], str, bool]] = {
+    "before": ((2, 4, 1), (2, 0, 1), "before", False),
+    "before_reversed": ((4, 4, 2), (2, 1, 0), "before", False),
+    "before_then_zstd": ((2, 4, 1), (2, 0, 1), "before", True),
+    "inside": ((2, 4, 6), (1, 2, 0), "inside", False),
+    "inside_reversed": ((2, 4, 6), (2, 1, 0), "inside", False),
+}
+
+
+def _write_transposed_shards(root: Path) -> None:
+    values = ramp(TRANSPOSED_SHAPE, "int16") - 100
+    for name, (inner, order, where, compressed) in TRANSPOSED.items():
+        transpose = zarr.codecs.TransposeCodec(order=order)
+        if where == "before":
+            serializer = zarr.codecs.ShardingCodec(
+                chunk_shape=inner, codecs=[zarr.codecs.BytesCodec(), zarr.codecs.GzipCodec()]
+            )
+            layout: dict[str, Any] = {"chunks": TRANSPOSED_SHARD, "serializer": serializer}
+        else:
+            layout = {"chunks": inner, "shards": TRANSPOSED_SHARD}
+        array = zarr.create_array(
+            store=str(root / name),
+            shape=TRANSPOSED_SHAPE,
+            dtype="int16",
+            fill_value=-1,
+            filters=[transpose],
+            compressors=zarr.codecs.ZstdCodec(level=1) if compressed else None,
+            **layout,
+        )
+        array[...] = values
+    sparse = zarr.create_array(
+        store=str(root / "before_sparse"),
+        shape=TRANSPOSED_SHAPE,
+        dtype="int16",
+        fill_value=-1,
+        chunks=TRANSPOSED_SHARD,
+        serializer=zarr.codecs.ShardingCodec(chunk_shape=(2, 4, 1)),
+        filters=[zarr.codecs.TransposeCodec(order=(2, 0, 1))],
+        compressors=None,
+    )
+    sparse[0:4, 0:1, 0:2] = 5  # one inner chunk: (4, 1, 2) in the array's axes
+    sparse[4:8, 7:8, 22:24] = 6
+
+
+@pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec")
+def test_transposed_shards_read_as_zarr2(tmp_path: Path, capsys) -> None:
+    """Sharded arrays with a transpose before sharding_indexed or inside it, as zarr-python 3
+    writes them, read through the Zarr v2 view by zarr-python's v2 reader as zarr-python 3
+    reads them natively: each inner chunk a v2 chunk in the array's axes (C order where the
+    transposition is no reversal, decoded; F order, stored bytes, where it is), each whole
+    shard a chunk where a codec after sharding_indexed wraps the shard."""
+    root = tmp_path / "src"
+    _write_transposed_shards(root)
+    view, _ = view_of(root, "zarr2")
+    copy = tmp_path / "copy"
+    copy_out(view, copy)
+    shown = {
+        "before": ([4, 1, 2], "C", None),
+        "before_reversed": ([2, 4, 4], "F", {"id": "gzip", "level": 5}),
+        "before_then_zstd": ([4, 8, 12], "C", None),
+        "inside": ([2, 4, 6], "C", None),
+        "inside_reversed": ([2, 4, 6], "F", None),
+        "before_sparse": ([4, 1, 2], "C", None),
+    }
+    for name, (chunks, order, compressor) in shown.items():
+        want = np.asarray(zarr.open_array(str(root / name), mode="r")[...])
+        got = zarr.open(str(copy / name), mode="r", zarr_format=2)
+        assert isinstance(got, zarr.Array)
+        np.testing.assert_array_equal(got[...], want, err_msg=name)
+        meta = json.loads((copy / name / ".zarray").read_text())
+        assert (meta["chunks"], meta["order"], meta["compressor"]) == (chunks, order, compressor)
+        assert meta["shape"] == list(TRANSPOSED_SHAPE)
+    values = ramp(TRANSPOSED_SHAPE, "int16") - 100
+    np.testing.assert_array_equal(zarr.open_array(str(copy / "before"), mode="r")[...], values)
+    present = sorted(p.name for p in (copy / "before_sparse").iterdir() if p.name[0] != ".")
+    assert present == ["0.0.0", "1.7.11"]  # absent inner chunks are absent
+    # one inner chunk read in a fresh view: two ranged GETs of its shard, index and chunk
+    fresh, store = view_of(root, "zarr2")
+    assert fresh.read_file("/before/1.7.11") == (copy / "before/1.7.11").read_bytes()
+    assert [key for key, _ in store.gets] == ["before/c/1/0/1"] * 2
+    assert all(byte_range is not None for _, byte_range in store.gets)
+    assert main(["detect", str(root), "--as", "zarr2", "--json"]) == 0
+    nodes = {n["path"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}
+    assert nodes["before"]["chunks"] == [4, 1, 2]
+    assert "transposed before sharding_indexed" in nodes["before"]["codecs"]
+    assert "transcoded" in nodes["before"]["codecs"]
+    assert nodes["before_reversed"]["codecs"] == "gzip"
+    assert "every shard is decoded" in nodes["before_then_zstd"]["codecs"]
+    assert all(n["kind"] == "array" for n in nodes.values() if n["path"])
+
+
 def test_zarr_arrays_convert_between_versions(source: Path, zarr_copy) -> None:
     fmt, copy = zarr_copy
     other = (

@@ -234,6 +234,29 @@ def remove_state(path: Path, pid: int) -> None:
         path.unlink(missing_ok=True)
 
 
+def remove_state_if_unchanged(path: Path, state: dict[str, Any]) -> bool:
+    """Remove the state file if it still holds ``state``; True if removed.
+
+    A daemon mounting at the same place may replace the file between the caller's judgement
+    and this removal, so the file is first renamed to a private name (atomic: whichever
+    version is current is taken) and compared there; one that changed is linked back (never
+    over a newer one) and kept. For that instant the file is absent: a ``status`` then misses
+    the mount, an ``unmount`` its log file; neither loses what the file says.
+    """
+    held = path.with_name(f".{path.name}.prune-{os.getpid()}")
+    try:
+        path.rename(held)
+    except FileNotFoundError:
+        return False  # removed meanwhile (its daemon exited, or another prune)
+    if read_state(held) == state:
+        held.unlink()
+        return True
+    with contextlib.suppress(FileExistsError):
+        os.link(held, path)
+    held.unlink()
+    return False
+
+
 def process_alive(pid: int) -> bool:
     """Running (a zombie is not: it only waits for its parent to reap it)."""
     try:

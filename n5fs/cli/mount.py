@@ -13,10 +13,10 @@ checked. Once the daemon answers, ``mount`` prints one line on stdout (``mounted
 MOUNTPOINT (pid N, log FILE)``; ``--quiet`` drops it); in the foreground it prints nothing of
 its own (systemd and the terminal see the log).
 
-A running mount leaves a state file (source, mode, pid, log) in the state directory
-(``$N5FS_STATE_DIR``, else ``$XDG_RUNTIME_DIR/n5fs``, ``/run/n5fs`` for root, or
+A running mount leaves a state file (source, mode, pid and writer tag, log) in the state
+directory (``$N5FS_STATE_DIR``, else ``$XDG_RUNTIME_DIR/n5fs``, ``/run/n5fs`` for root, or
 ``/tmp/n5fs-UID``); ``status`` (cli/status.py) joins them with the kernel's mount table and
-each mount's ``/.n5fs/stats.json``.
+each mount's ``/.n5fs/stats.json``, and ``status --prune`` removes those of killed daemons.
 
 Under systemd (``systemd/n5fs@.service``) the mount runs with ``--foreground --config FILE``
 (cli/config.py): the process is the unit's main process and reports READY=1, STATUS= and
@@ -42,6 +42,7 @@ from n5fs.cli.sdnotify import Notifier, ServiceLink, status_line
 from n5fs.cli.status import run_status
 from n5fs.errors import InvalidSource, N5fsError
 from n5fs.fuse_front.mounts import MountFailed, is_stale, mount_entry, unmount
+from n5fs.kvstore import tempnames
 
 if TYPE_CHECKING:
     import argparse
@@ -108,6 +109,7 @@ def serve_plan(
         "validate": plan.validate,
         "view": view,
         "pid": os.getpid(),
+        "writer": tempnames.current().tag,  # pid and start time: tells a reused pid
         "started": time.time(),
         "log_file": plan.log_file,
         "fuse_options": render(fuse),

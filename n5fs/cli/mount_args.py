@@ -240,7 +240,16 @@ def status_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "status",
         help="list active n5fs mounts with their counters",
         description="List the n5fs mounts of this machine: source, mountpoint, mode, daemon "
-        "pid, health and the counters of MOUNTPOINT/.n5fs/stats.json.",
+        "pid, health and the counters of MOUNTPOINT/.n5fs/stats.json. A mount whose daemon "
+        "was killed leaves its state file behind: when that daemon is gone (its pid runs no "
+        "more) and nothing is mounted at its mount point, the file is stale; it is listed "
+        "with a hint until --prune removes it.",
     )
     p.add_argument("--json", action="store_true", help="print one JSON list")
+    p.add_argument(
+        "--prune",
+        action="store_true",
+        help="first remove stale state files (daemon gone and mount point not mounted) and "
+        "say which (on stderr with --json); a running daemon's or a mounted one's stay",
+    )
     return p

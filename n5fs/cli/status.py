@@ -1,8 +1,16 @@
 """``n5fs status``: which n5fs mounts this machine has, and how each is doing.
 
-Its own module because it only reads: the kernel's mount table, the state files the daemons
+Its own module because it reads: the kernel's mount table, the state files the daemons
 leave (cli/daemon.py) and each mount's ``/.n5fs/stats.json``. A hung mount must not hang
 ``status``, so the counters are read in a helper thread with a timeout.
+
+The one thing it writes is ``--prune``: it removes *stale* state files, those whose daemon is
+provably gone (:func:`daemon_gone`: its pid runs no more, a zombie counting as gone, or now
+runs a younger process) while nothing is mounted at their mount point. A killed daemon (kill
+-9, OOM) leaves one, which nothing else ever removes; a daemon still running, or a mount
+still in the table (a stale FUSE mount is ``n5fs unmount``'s to clean), keeps its file.
+Without ``--prune`` a stale file is listed with the hint to prune it. A daemon mounting at the
+same place meanwhile keeps its new file (:func:`~n5fs.cli.daemon.remove_state_if_unchanged`).
 
 A person gets a table (a header, one row per mount, then an indented line of the counters
 that matter, byte counts in binary units); ``--json`` gives every raw field and counter.
@@ -17,24 +25,30 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from n5fs.cli.daemon import process_alive, read_state, state_dir, state_path
+from n5fs.cli.daemon import read_state, remove_state_if_unchanged, state_dir, state_path
 from n5fs.fuse_front.mounts import mounts
+from n5fs.kvstore import tempnames
 
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Mapping
 
+    from n5fs.fuse_front.mounts import MountEntry
+
 #: the table's columns: header, and how a row shows in it
 COLUMNS = ("MOUNTPOINT", "SOURCE", "MODE", "PID", "STATE")
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+#: what a stale state file's row ends with
+PRUNE_HINT = "(run n5fs status --prune to remove)"
 
 
 def mount_status(timeout: float = 2.0) -> list[dict[str, Any]]:
     """Every n5fs mount of the kernel's table with its state file and counters, then state
-    files whose mount is gone."""
+    files whose mount is gone (``stale`` when their daemon is gone too)."""
     rows: list[dict[str, Any]] = []
     seen: set[Path] = set()
-    for entry in mounts():
+    table = mounts()
+    for entry in table:
         if not entry.is_n5fs:
             continue
         path = state_path(entry.mountpoint)
@@ -43,20 +57,89 @@ def mount_status(timeout: float = 2.0) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"mountpoint": entry.mountpoint, "source": entry.source, **state}
         row["state"], row["counters"] = _health(entry.mountpoint, timeout)
         rows.append(row)
-    directory = state_dir()
-    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-        orphan = read_state(path) if path not in seen else None
-        if orphan is not None:
-            rows.append({**orphan, "state": _orphan_state(orphan), "counters": {}})
+    mounted = _mounted_places(table)
+    for path, orphan in _state_files():
+        if path not in seen:
+            stale = _stale(path, orphan, mounted)
+            state_text = _orphan_state(orphan, stale)
+            rows.append({**orphan, "state": state_text, "counters": {}, "stale": stale})
     return rows
 
 
-def _orphan_state(state: dict[str, Any]) -> str:
-    """A state file without its mount: a daemon still finishing, or one that was killed."""
+def _state_files() -> list[tuple[Path, dict[str, Any]]]:
+    directory = state_dir()
+    found = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    return [(path, state) for path in found if (state := read_state(path)) is not None]
+
+
+def _mounted_places(table: list[MountEntry]) -> set[Path]:
+    """The state file names of every mount point in the table, n5fs's or not."""
+    return {state_path(entry.mountpoint) for entry in table}
+
+
+def _stale(path: Path, state: Mapping[str, Any], mounted: set[Path]) -> bool:
+    """Nothing is mounted where the file says (by its name and by its ``mountpoint``) and its
+    daemon is provably gone."""
+    place = state.get("mountpoint")
+    if path in mounted or (isinstance(place, str) and state_path(place) in mounted):
+        return False
+    return daemon_gone(state)
+
+
+def daemon_gone(state: Mapping[str, Any]) -> bool:
+    """Is the daemon that wrote ``state`` provably gone? As temp files' writers are judged
+    (kvstore/tempnames.py): its recorded writer tag (pid, start time, boot) names no running
+    process, so a pid reused by a younger process counts as gone; a file without the tag
+    (an older n5fs) is judged by its pid, which a zombie no longer holds. A file without a
+    pid proves nothing."""
+    pid = _pid(state)
+    if pid is None:
+        return False
+    tag = state.get("writer")
+    writer = tempnames.writer_of(tag) if isinstance(tag, str) else None
+    if writer is not None and writer.pid == pid:
+        return tempnames.liveness(writer) is tempnames.Liveness.DEAD
+    return not tempnames.process_alive(pid)
+
+
+def _pid(state: Mapping[str, Any]) -> int | None:
     pid = state.get("pid")
-    if isinstance(pid, int) and process_alive(pid):
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
+def prune_stale() -> list[dict[str, Any]]:
+    """Remove the stale state files; the states of those removed (each with its ``file``)."""
+    mounted = _mounted_places(mounts())
+    removed: list[dict[str, Any]] = []
+    for path, state in stale_state_files(mounted):
+        if remove_state_if_unchanged(path, state):
+            removed.append({**state, "file": str(path)})
+    return removed
+
+
+def stale_state_files(mounted: set[Path]) -> list[tuple[Path, dict[str, Any]]]:
+    """The state files :func:`prune_stale` would remove, judged now."""
+    return [(path, state) for path, state in _state_files() if _stale(path, state, mounted)]
+
+
+def _orphan_state(state: Mapping[str, Any], stale: bool) -> str:
+    """A state file without its n5fs mount: a daemon still finishing, or one that was killed."""
+    if stale:
+        return f"not mounted, daemon gone (stale state file) {PRUNE_HINT}"
+    if _pid(state) is None:
+        return "not mounted (the state file names no daemon)"
+    if not daemon_gone(state):
         return "daemon running, not mounted"
-    return "not mounted (stale state file)"
+    return "daemon gone; another filesystem is mounted there"
+
+
+def removal_line(state: Mapping[str, Any]) -> str:
+    """What ``--prune`` says of one file it removed."""
+    pid = state.get("pid")
+    return (
+        f"removed stale state file {state['file']}: {state.get('mountpoint', '?')} "
+        f"(source {state.get('source', '?')}, daemon pid {pid} gone, not mounted)"
+    )
 
 
 def _health(mountpoint: str, timeout: float) -> tuple[str, dict[str, Any]]:
@@ -165,6 +248,11 @@ def render_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def run_status(args: argparse.Namespace) -> int:
+    if args.prune:
+        removed = prune_stale()
+        lines = [removal_line(state) for state in removed] or ["no stale state files"]
+        for text in lines:  # with --json, stdout holds the JSON only
+            print(text, file=sys.stderr if args.json else sys.stdout)
     rows = mount_status()
     if args.json:
         json.dump(rows, sys.stdout, indent=2)

@@ -8,8 +8,12 @@ v3 and renamed them ``_LINKS``/``_DTYPE``. In a folder's ``.zattrs``:
   store's path relative to this one (hdmf-zarr writes ``os.path.relpath`` of it, never an
   absolute path: a store that names ``/home/x/other.zarr`` breaks once copied, so it is
   refused); ``path`` is the target's path inside that store (``"/general/devices/x"``).
-- ``zarr_dtype``: on datasets; ``"object"`` (references), ``"scalar"``, a numpy type string, or
-  for compound data a list of ``{"name", "dtype"}`` objects.
+- ``zarr_dtype``: on datasets; ``"object"`` (references), ``"scalar"``, a name of hdmf-zarr's
+  type mapping (``ZarrIO.__dtypes``: ``"float32"``, ``"text"``, ``"isodatetime"``...), the
+  ``__name__`` of the Python or numpy type it resolved (``"float64"``, ``"str_"``), the numpy
+  type string its iterative writer stores (``"<f8"``, ``"|S0"``), or for compound data a list
+  of ``{"name", "dtype"}`` objects whose string dtypes come from the same set. Any other
+  string (``"bogus"``) is refused: hdmf-zarr never writes it and hdmf cannot map it.
 - ``.specloc``: on the root group; the path of the group that caches the schema.
 
 Typed objects also carry ``namespace`` and ``neurodata_type``; either that pair or one of the
@@ -169,12 +173,61 @@ def check_reserved(attrs: Mapping[str, Any]) -> None:
         _check_inside(_store_path(spec), f".specloc {spec!r}", "specloc")
 
 
+#: hdmf-zarr's own markers: a scalar dataset, a dataset of references
+ZARR_DTYPE_MARKERS = ("scalar", "object")
+#: the keys of hdmf-zarr's type mapping (``ZarrIO.__dtypes``), the spec names it resolves
+ZARR_DTYPE_NAMES = (
+    "float", "float32", "double", "float64", "long", "int64", "uint64", "int", "int32",
+    "int16", "int8", "bool", "bool_", "text", "utf", "utf8", "utf-8", "ascii", "bytes",
+    "str", "isodatetime", "string_", "uint32", "uint16", "uint8", "ref", "reference",
+    "object",
+)  # fmt: skip
+#: ``__name__`` of the Python and numpy types hdmf-zarr's ``__serial_dtype__`` records for data
+#: it typed itself (``type(value).__name__``, ``np.dtype(...).type.__name__``), numpy 1 and 2
+NUMPY_TYPE_NAMES = (
+    "complex", "bool", "bool_", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+    "uint64", "longlong", "ulonglong", "float16", "float32", "float64", "float96", "float128",
+    "longdouble", "complex64", "complex128", "complex192", "complex256", "clongdouble",
+    "str_", "bytes_", "object_", "void", "datetime64", "timedelta64",
+)  # fmt: skip
+#: ``np.dtype(...).str``, which hdmf-zarr's iterative (data chunk iterator) writer stores:
+#: byte order, kind, item size (``"<f8"``, ``"|b1"``, ``"<U0"``, ``"|O"``, ``"<M8[ns]"``)
+_NUMPY_TYPESTR = re.compile(r"[<>|](?:O|[biufcSUV][0-9]+|[mM]8(?:\[[0-9]*[A-Za-z]+\])?)")
+_ZARR_DTYPE_STRINGS = frozenset((*ZARR_DTYPE_MARKERS, *ZARR_DTYPE_NAMES, *NUMPY_TYPE_NAMES))
+
+
+def known_zarr_dtype(name: str) -> bool:
+    """Is ``name`` a ``zarr_dtype`` string hdmf-zarr writes (and hdmf can map)?"""
+    return name in _ZARR_DTYPE_STRINGS or _NUMPY_TYPESTR.fullmatch(name) is not None
+
+
+_ALLOWED_TEXT = (
+    f"{', '.join(map(repr, dict.fromkeys((*ZARR_DTYPE_MARKERS, *ZARR_DTYPE_NAMES))))}; "
+    "a Python or numpy type name ("
+    f"{', '.join(repr(n) for n in NUMPY_TYPE_NAMES if n not in ZARR_DTYPE_NAMES)}); "
+    "or a numpy type string such as '<f8', '|u1', '<U12', '|O'"
+)
+
+
+def _unknown_zarr_dtype(name: str, where: str) -> Rejected:
+    return _bad(
+        "zarr-dtype",
+        f"{where} {name[:80]!r} is not a type hdmf-zarr writes; allowed: {_ALLOWED_TEXT}",
+    )
+
+
 def _check_zarr_dtype(value: Any) -> None:
     if isinstance(value, str) and value:
+        if not known_zarr_dtype(value):
+            raise _unknown_zarr_dtype(value, "zarr_dtype")
         return
     if isinstance(value, list) and all(
         isinstance(f, dict) and isinstance(f.get("name"), str) and "dtype" in f for f in value
     ):
+        for field in value:
+            dtype = field["dtype"]
+            if isinstance(dtype, str) and not known_zarr_dtype(dtype):
+                raise _unknown_zarr_dtype(dtype, f"zarr_dtype field {field['name'][:40]!r} dtype")
         return
     raise _bad(
         "zarr-dtype",

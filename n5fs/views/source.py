@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from functools import cached_property
 from math import prod
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from n5fs.codecs.limits import CodecError, check_size
 from n5fs.codecs.n5_header import MODE_DEFAULT, decode_header
-from n5fs.codecs.v3 import EMPTY, ShardingCodec
+from n5fs.codecs.v3 import EMPTY, ShardingCodec, TransposeCodec
 from n5fs.errors import N5fsError
 from n5fs.formats.base import KeyKind
 from n5fs.formats.n5 import N5ArrayNode
@@ -303,7 +304,16 @@ class ZarrSource(SourceArray):
 
 class ShardedSource(ZarrSource):
     """A sharded Zarr v3 array, one unit per inner chunk: found through its shard's index
-    (one ranged GET per shard, cached), read by one ranged GET of its own."""
+    (one ranged GET per shard, cached), read by one ranged GET of its own.
+
+    ``transpose`` codecs before ``sharding_indexed`` (which :func:`source_array` leaves to a
+    :class:`ZarrSource` of whole shards; the Zarr v2 view makes this one of them) transpose
+    each shard before it is cut: the inner chunk grid, the index and every inner chunk are
+    in the transposed shard's axes. :attr:`order` maps them to view axes, so a unit is still
+    one inner chunk, its values transposed back on decode. Nothing may follow
+    ``sharding_indexed`` (a bytes codec there wraps the whole shard: its byte ranges are
+    then no inner chunks).
+    """
 
     node: Zarr3ArrayNode
 
@@ -313,34 +323,56 @@ class ShardedSource(ZarrSource):
         assert codec is not None
         return codec
 
+    @cached_property
+    def order(self) -> tuple[int, ...]:
+        """Axis ``i`` of a stored shard is view axis ``order[i]`` (the transpositions before
+        ``sharding_indexed``, composed; none: the identity)."""
+        order = tuple(range(len(self.node.shape)))
+        for codec in self.node.codecs.array_array:
+            assert isinstance(codec, TransposeCodec)
+            order = tuple(order[i] for i in codec.order)
+        return order
+
+    @cached_property
+    def _view_axes(self) -> tuple[int, ...]:
+        """View axis ``d`` is axis ``_view_axes[d]`` of a stored shard (``order`` inverted)."""
+        return tuple(int(i) for i in np.argsort(self.order))
+
+    def _to_view(self, stored: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(stored[i] for i in self._view_axes)
+
+    def _to_stored(self, view: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(view[i] for i in self.order)
+
     @property
     def units(self) -> tuple[int, ...]:
-        return self.codec.chunk_shape
+        return self._to_view(self.codec.chunk_shape)
 
     def locate(self, pos: Position) -> Located | None:
         if not self.in_grid(pos):
             return None
-        per = self.codec.grid
+        per = self._to_view(self.codec.grid)
         shard = tuple(p // k for p, k in zip(pos, per, strict=True))
         key = self.prefix + self.node.chunk_key(shard)
         attr = self.access.file(key)
         if attr is None:
             return None
         table = self.index(key, attr)
-        inner = tuple(p % k for p, k in zip(pos, per, strict=True))
+        inner = self._to_stored(tuple(p % k for p, k in zip(pos, per, strict=True)))
         offset, nbytes = (int(v) for v in table[inner])
         if offset == EMPTY:
             return None
         return Located(key, attr, offset, nbytes)
 
     def present(self) -> dict[Position, Located]:
-        per = self.codec.grid
+        per = self._to_view(self.codec.grid)
         found: dict[Position, Located] = {}
         for shard, loc in self._walk(len(self.shape) + 1).items():
             table = self.index(loc.key, loc.attr)
-            for inner in zip(*np.nonzero(table[..., 0] != np.uint64(EMPTY)), strict=True):
-                offset, nbytes = (int(v) for v in table[inner])
-                pos = tuple(s * k + int(i) for s, k, i in zip(shard, per, inner, strict=True))
+            for stored in zip(*np.nonzero(table[..., 0] != np.uint64(EMPTY)), strict=True):
+                offset, nbytes = (int(v) for v in table[stored])
+                inner = self._to_view(tuple(int(i) for i in stored))
+                pos = tuple(s * k + i for s, k, i in zip(shard, per, inner, strict=True))
                 if self.in_grid(pos):
                     found[pos] = Located(loc.key, loc.attr, offset, nbytes)
         return found
@@ -371,7 +403,7 @@ class ShardedSource(ZarrSource):
         return np.frombuffer(raw, dtype="<u8").reshape((*codec.grid, 2))
 
     def _decode(self, pos: Position, data: bytes) -> np.ndarray[Any, Any]:
-        return self.codec.inner.decode(data)
+        return self.codec.inner.decode(data).transpose(self._view_axes)
 
 
 def _check_index(table: np.ndarray[Any, Any], length: int, size: int, where: str, key: str) -> None:

@@ -4,8 +4,11 @@ An N5 dataset becomes a Zarr array with its shape and chunk shape reversed (N5 l
 fastest axis first; in C order the bytes of a block need no transposition), its type in N5's
 big-endian byte order, fill value 0 (what N5 readers give for a missing block), and its
 attributes other than the dataset keys. A Zarr array of the other version is converted
-(a sharded v3 array seen as v2 shows each inner chunk as a chunk of its own); an array
-already of the target format, and everything of a native hierarchy, is shown as stored.
+(a sharded v3 array seen as v2 shows each inner chunk as a chunk of its own, in the array's
+axes also where a ``transpose`` before ``sharding_indexed`` stored the shards transposed:
+such a chunk is served decoded unless the transpositions add up to F order; where a bytes
+codec after ``sharding_indexed`` wraps each shard, the chunks are whole shards, decoded); an
+array already of the target format, and everything of a native hierarchy, is shown as stored.
 
 Chunks (:class:`ZarrArray`):
 
@@ -230,18 +233,30 @@ def _numeric(dtype: np.dtype[Any], target: str) -> str | None:
     return f"data type {dtype.str} has no Zarr {version} type every reader reads"
 
 
-def _to_v2(source: ZarrSource) -> ZarrArray | str:
+def _to_v2(source: ZarrSource) -> ZarrArray:
     """A Zarr v3 array (sharded: its inner chunks) as Zarr v2."""
     node = source.node
     assert isinstance(node, Zarr3ArrayNode)
+    outer = node.codecs
+    if outer.bytes_bytes and node.sharding is not None:
+        names = ", ".join(c.name for c in outer.bytes_bytes)
+        why = (
+            f"{names} after sharding_indexed wraps each shard whole: every shard is decoded "
+            "and served as one chunk"
+        )
+        whole = ZarrSource(source.access, source.prefix, node)
+        return ZarrArray(whole, ZARR2, codecs.raw(ZARR2, why), attributes=node.attributes)
+    if node.sharding is not None and not isinstance(source, ShardedSource):
+        source = ShardedSource(source.access, source.prefix, node)  # transposed shards
     if isinstance(source, ShardedSource):
-        chain = source.codec.inner
-    elif node.sharding is not None:
-        return "a transposition before sharding_indexed: its inner chunks are no Zarr v2 chunks"
+        order, why = _v2_layout(source.codec.inner, source.order)
+        if why and source.order != tuple(range(len(source.order))):
+            why = f"shards transposed before sharding_indexed, each inner chunk decoded: {why}"
+        bytes_bytes = source.codec.inner.bytes_bytes
     else:
-        chain = node.codecs
-    order, why = _v2_layout(chain)
-    codec = codecs.raw(ZARR2, why) if why else codecs.v3_to_v2(chain.bytes_bytes)
+        order, why = _v2_layout(outer)
+        bytes_bytes = outer.bytes_bytes
+    codec = codecs.raw(ZARR2, why) if why else codecs.v3_to_v2(bytes_bytes)
     identity = node.key_encoding.name == "v2" and not isinstance(source, ShardedSource)
     return ZarrArray(
         source,
@@ -254,20 +269,21 @@ def _to_v2(source: ZarrSource) -> ZarrArray | str:
     )
 
 
-def _v2_layout(chain: CodecChain) -> tuple[str, str]:
-    """(order, why not kept) for a v3 chain's array codecs in Zarr v2 terms."""
+def _v2_layout(chain: CodecChain, outer: tuple[int, ...] | None = None) -> tuple[str, str]:
+    """(order, why not kept) for a v3 chain's array codecs in Zarr v2 terms; ``outer``: the
+    axes a sharded array's shards were transposed to before this (inner) chain. The stored
+    bytes keep the view's values in C order when the transpositions compose to none, in F
+    order when they reverse the axes; any other order is no Zarr v2 layout."""
     if not isinstance(chain.array_bytes, BytesCodec):
         return "C", f"Zarr v2 has no {chain.array_bytes.name} codec"
-    if not chain.array_array:
+    identity = tuple(range(len(chain.spec.shape)))
+    order = identity if outer is None else outer
+    for codec in chain.array_array:
+        assert isinstance(codec, TransposeCodec)  # the only array -> array codec
+        order = tuple(order[i] for i in codec.order)
+    if order == identity:
         return "C", ""
-    ndim = len(chain.spec.shape)
-    first = chain.array_array[0]
-    reversed_order = tuple(range(ndim))[::-1]
-    if (
-        len(chain.array_array) == 1
-        and isinstance(first, TransposeCodec)
-        and first.order == reversed_order
-    ):
+    if order == identity[::-1]:
         return "F", ""
     return "C", "Zarr v2 keeps C or F order only"
 
