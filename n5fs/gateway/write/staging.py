@@ -32,10 +32,10 @@ import bisect
 import os
 import sys
 import tempfile
-import threading
 from typing import TYPE_CHECKING, Protocol
 
 from n5fs.errors import FileTooLarge
+from n5fs.locking import LEAF, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -57,7 +57,7 @@ class StagingBudget:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._used = 0
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("staging budget", LEAF)
 
     @property
     def used(self) -> int:
