@@ -18,12 +18,13 @@ of a later rank than every lock it holds:
 Modes: with ``N5FS_DEBUG_LOCKS=1`` in the environment when a lock is *made*, the factories
 return checked locks. Each thread keeps a stack of the ranked locks it holds; an acquire that
 breaks the order, or a second acquire of a non-reentrant lock by its holder (a certain
-deadlock), raises :class:`LockOrderError` naming both locks and the thread, and logs it
-(``n5fs.locking``), and :func:`take_violations` tells of it, so one raised on a thread whose errors
-are swallowed is still found. :func:`assert_held` and :func:`assert_none_held` turn "caller
-holds ..." into checks. Without the variable the factories return plain ``threading`` locks
-and the asserts return after one global check: nothing on the hot path changes. The race and
-stress tests run with the checks on (``tests/conftest.py``, the ``debug_locks`` marker).
+deadlock), raises :class:`LockOrderError` naming both locks and the thread; it is logged
+(``n5fs.locking``) and kept for :func:`take_violations`, so one raised on a thread whose
+errors are swallowed is still found. A try-lock (``blocking=False``) is not checked: it
+cannot wait. :func:`assert_held` and :func:`assert_none_held` turn "caller holds ..." into
+checks. Without the variable the factories return plain ``threading`` locks and the asserts
+return after one global check: nothing on the hot path changes. The race and stress tests
+run with the checks on (``tests/conftest.py``, the ``debug_locks`` marker).
 
 State and locks: each thread's stack is thread-local. A checked lock's owner and depth are
 written only by the thread that holds its inner lock. The violations are kept under

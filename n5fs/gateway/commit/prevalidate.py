@@ -15,8 +15,8 @@ remembers the array node and position it was made for; the commit re-classifies 
 against the metadata current then (inside the commit order) and uses the check only if both
 are equal (:meth:`Precheck.holds_for`), else it checks in full.
 
-State and locks: a :class:`ChunkCheck` guards its queue and flags with its own condition, a
-leaf lock. The writer (``StagedFile.write``, under its node lock) appends a reference to the
+State and locks: a :class:`ChunkCheck` guards its queue and flags with its own condition, an
+outer leaf (:data:`~n5fs.locking.OUTER_LEAF`: the staging budget, a leaf, is taken under it). The writer (``StagedFile.write``, under its node lock) appends a reference to the
 written bytes, reserved from the staging budget, and waits while more than
 :data:`MAX_BACKLOG` bytes are queued (back-pressure: the decoder, not memory, sets the pace);
 a pool worker drains a few pieces at a time, decoding outside the lock; the commit (under

@@ -32,7 +32,7 @@ the namespace's cached listings); without one there is no read-ahead.
 
 Lock discipline: ``Flights._lock`` guards the flight table and is held for table work only; it
 may take the byte cache's lock inside it (a leaf, :mod:`n5fs.gateway.read.byte_cache`), never the
-reverse. ``Prefetcher._lock`` guards the folder windows, the stride guess, the sorted-name
+reverse, so it ranks as an outer leaf (:data:`~n5fs.locking.OUTER_LEAF`). ``Prefetcher._lock`` guards the folder windows, the stride guess, the sorted-name
 memo and the in-flight budget; it is a leaf, never held around a store call or a listing lookup. Store I/O
 runs with no lock held, on the caller's thread or the pool's.
 """
