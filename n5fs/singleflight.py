@@ -35,8 +35,10 @@ drops the value, and the next caller waits for a fresh one.
 
 Lock discipline: one internal lock guards the entries and the flight table; it is held only for
 dictionary operations, never while a loader runs, so a loader may use other caches (the
-detector's loads of a folder use its parent's entry). This module imports only the standard
-library: detection (below the gateway) and the gateway both use it.
+detector's loads of a folder use its parent's entry). It is a leaf of the gateway's lock order
+(:mod:`n5fs.locking`; a loader runs with no leaf lock held, checked in debug mode). This
+module imports only the standard library and :mod:`n5fs.locking`: detection (below the
+gateway) and the gateway both use it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from n5fs.locking import LEAF, OUTER_LEAF, assert_held, assert_none_held, ranked_lock
 
 V = TypeVar("V")
 
@@ -146,7 +150,7 @@ class LoadingCache(Generic[V]):
         self._data: OrderedDict[str, _Entry[V]] = OrderedDict()
         self._flights: dict[str, _Flight[V]] = {}
         self._batches: list[Batch[V]] = []
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("loading cache", LEAF)
         self.hits = 0
         self.misses = 0
         self.discarded = 0  # loads not stored because an invalidation overtook them
@@ -159,6 +163,7 @@ class LoadingCache(Generic[V]):
     def _fresh(self, key: str, now: float) -> _Entry[V] | None:
         """The live entry of ``key`` (caller holds the lock). An expired one is dropped,
         unless it may be served while it is refreshed (``revalidate``, a positive entry)."""
+        assert_held(self._lock)
         entry = self._data.get(key)
         if entry is None:
             return None
@@ -239,6 +244,7 @@ class LoadingCache(Generic[V]):
             self._fly(key, flight, loader)
 
     def _fly(self, key: str, flight: _Flight[V], loader: Callable[[], V]) -> None:
+        assert_none_held(OUTER_LEAF)  # a load is store I/O: outside every cache lock
         began = self._clock()
         try:
             flight.value = loader()

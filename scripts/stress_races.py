@@ -20,7 +20,9 @@ store, runs five bounded measurements against them, always unmounts, and prints 
                    mount; the backing file's size and allocated bytes (st_blocks * 512).
 
 Mounts use ``--cache-ttl --ttl`` (default 1 s: listings expire during the runs, where the
-rename race was). Each measurement runs under a watchdog that kills the daemon if it overruns
+rename race was). The daemons run with the lock-order checks on (``N5FS_DEBUG_LOCKS=1``,
+:mod:`n5fs.locking`; ``--no-debug-locks`` turns them off); a last row counts the violations
+their logs report (0 is the only good answer). Each measurement runs under a watchdog that kills the daemon if it overruns
 (``--watchdog``), so a hung mount fails the calls instead of hanging the script.
 
 Which n5fs runs is whatever ``python -m n5fs`` imports in the daemon's environment: this
@@ -119,11 +121,29 @@ class Mounter:
 
     work: Path
     ttl: str
+    debug_locks: bool = True
     live: list[Mount] = field(default_factory=list)
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "N5FS_STATE_DIR": str(self.work / "state")}
+        env = {**os.environ, "N5FS_STATE_DIR": str(self.work / "state")}
+        if self.debug_locks:
+            env["N5FS_DEBUG_LOCKS"] = "1"  # every lock checked against the lock order
+        return env
+
+    def lock_violations(self) -> Row:
+        """What the daemons' logs say of the lock order (checked when ``debug_locks``)."""
+        if not self.debug_locks:
+            return Row("lock-order violations", "unchecked", "--no-debug-locks")
+        logs = sorted(self.work.glob("*.log"))
+        found = [
+            line
+            for log in logs
+            for line in log.read_text(errors="replace").splitlines()
+            if "LockOrderError" in line
+        ]
+        detail = found[0][:200] if found else f"N5FS_DEBUG_LOCKS=1 in {len(logs)} daemons"
+        return Row("lock-order violations", str(len(found)), detail)
 
     def which_n5fs(self) -> str:
         """The n5fs package a daemon started by this script imports."""
@@ -491,6 +511,12 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds a measurement may take before its daemon is killed (default 600)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the generated stores")
+    parser.add_argument(
+        "--no-debug-locks",
+        dest="debug_locks",
+        action="store_false",
+        help="run the daemons without the lock-order checks (N5FS_DEBUG_LOCKS)",
+    )
     args = parser.parse_args(argv)
     only = [m.strip() for m in args.only.split(",") if m.strip()]
     unknown = sorted(set(only) - set(MEASUREMENTS))
@@ -503,12 +529,13 @@ def main(argv: list[str] | None = None) -> int:
     base = args.source_dir or Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="n5fs-stress-", dir=base))
-    mounter = Mounter(work, args.ttl)
+    mounter = Mounter(work, args.ttl, debug_locks=args.debug_locks)
     rows: list[Row] = []
     try:
         print(f"n5fs imported by the daemons: {mounter.which_n5fs()}")
         print(f"python {sys.version.split()[0]} at {sys.executable}; work dir {work}")
-        print(f"--cache-ttl {args.ttl}; {args.threads} threads\n", flush=True)
+        checks = "on" if args.debug_locks else "off"
+        print(f"--cache-ttl {args.ttl}; {args.threads} threads; lock checks {checks}\n", flush=True)
         if {"renames", "readdir", "zarr"} & set(only):
             source = work / "store"
             (source / "readdir").mkdir(parents=True)
@@ -547,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
             print_progress(*rows[-2:])
     finally:
         mounter.cleanup()
+        rows.append(mounter.lock_violations())
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print()

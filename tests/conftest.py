@@ -1,5 +1,6 @@
 """Session fixtures shared by every tier: the moto S3 server (a real HTTP server on
-127.0.0.1 in its own process, port 0 read back) and a fresh bucket per test."""
+127.0.0.1 in its own process, port 0 read back) and a fresh bucket per test; the lock-order
+checks of tests marked ``debug_locks``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import boto3
 import pytest
 
+from n5fs import locking
 from n5fs.testing.moto_server import moto_server
 
 # the `mounter` fixture (real FUSE mounts in child processes) for every mount test
@@ -69,6 +71,21 @@ def _aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(autouse=True)
+def _debug_locks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test marked ``debug_locks`` makes its locks checked (``N5FS_DEBUG_LOCKS=1``, for the
+    mounts it starts too: tests/mounting.py) and fails on any lock-order violation, also one
+    raised on a thread whose errors nobody sees (:func:`n5fs.locking.take_violations`)."""
+    if request.node.get_closest_marker("debug_locks") is None:
+        yield
+        return
+    monkeypatch.setenv(locking.ENV, "1")
+    locking.take_violations()  # what an earlier test left behind is not this one's
+    yield
+    found = locking.take_violations()
+    assert not found, "lock-order violations:\n" + "\n".join(found)
 
 
 @pytest.fixture

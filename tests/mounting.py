@@ -22,6 +22,7 @@ import pytest
 
 from n5fs.cli.daemon import read_state, state_path
 from n5fs.fuse_front.mounts import mount_entry
+from n5fs.locking import ENV as LOCKS_ENV
 
 CLI = [sys.executable, "-m", "n5fs"]
 WATCHDOG = 240.0
@@ -153,14 +154,27 @@ class Mounter:
 
 
 @pytest.fixture
-def mounter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A Mounter whose state files live in ``tmp_path/state`` (for this process too)."""
+def mounter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
+    """A Mounter whose state files live in ``tmp_path/state`` (for this process too). In a
+    test marked ``debug_locks`` its mounts run with the lock-order checks on, and a violation
+    any of them logged fails the test."""
     monkeypatch.setenv("N5FS_STATE_DIR", str(tmp_path / "state"))
+    debug_locks = request.node.get_closest_marker("debug_locks") is not None
     m = Mounter(tmp_path)
+    if debug_locks:
+        m.env[LOCKS_ENV] = "1"
     try:
         yield m
     finally:
         m.cleanup()
+    if debug_locks:
+        logged = [
+            line
+            for log in sorted(tmp_path.glob("*.stderr"))
+            for line in log.read_text(errors="replace").splitlines()
+            if "LockOrderError" in line
+        ]
+        assert not logged, "lock-order violations in the mounts:\n" + "\n".join(logged)
 
 
 def wait_until(predicate, what: str, timeout: float = 30) -> None:

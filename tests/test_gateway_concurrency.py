@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 
     from n5fs.kvstore.base import KvStore
 
-pytestmark = pytest.mark.timeout(300)
+# every lock checked against the gateway's lock order (tests/conftest.py)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.debug_locks]
 
 # -- harness -----------------------------------------------------------------------------------
 

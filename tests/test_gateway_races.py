@@ -31,6 +31,9 @@ from n5fs.kvstore.wrappers import ForwardingStore
 from n5fs.singleflight import LoadingCache
 from n5fs.validate import Validator
 
+# every lock checked against the gateway's lock order (tests/conftest.py)
+pytestmark = pytest.mark.debug_locks
+
 WAIT = 30.0  # generous: a deadlock fails the test instead of hanging it
 
 ZARRAY = {

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from n5fs.views.base import View
 
 WAIT = 30.0  # a deadlock fails the test instead of hanging it
+pytestmark = pytest.mark.debug_locks  # the lock order is checked on every acquire
 KiB = 1 << 10
 BLOCK = 64 * KiB  # a uint8 N5 block (and view chunk) of the tests below
 

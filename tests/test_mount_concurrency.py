@@ -24,7 +24,8 @@ from n5fs.kvstore import open_store
 from n5fs.validate import validate_store
 from tests.mounting import real_mount
 
-pytestmark = real_mount(240)
+# the daemons check every lock against the gateway's lock order (tests/mounting.py)
+pytestmark = [*real_mount(240), pytest.mark.debug_locks]
 
 MiB = 1 << 20
 SHAPE, CHUNKS = (256, 256), (8, 8)  # 32 x 32 = 1,024 chunks

@@ -16,8 +16,9 @@ control entries), :mod:`n5fs.gateway.read` (byte cache, read-ahead, descriptors)
 Lock order, whole gateway (a thread only ever takes locks further down this list while
 holding one): node locks (in key order) -> commit-order folder locks
 (:mod:`~n5fs.gateway.commit.ordering`) -> the consolidated-metadata lock -> leaf locks (caches,
-tables, counters). Cache loads (a LIST, a detection) run outside every cache lock and are
-shared between threads. ``docs/semantics.md`` ("Consistency and concurrency") is the contract.
+tables, counters); each lock is made with its rank by :mod:`n5fs.locking`, which checks the
+order on every acquire when ``N5FS_DEBUG_LOCKS=1``. Cache loads (a LIST, a detection) run
+outside every cache lock and are shared between threads. ``docs/semantics.md`` ("Consistency and concurrency") is the contract.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -37,6 +36,7 @@ from n5fs.gateway.commit.prevalidate import Precheck, Prechecks
 from n5fs.gateway.commit.rules import UNREAD, CommitRules, Mode, Rejection, Unread
 from n5fs.gateway.read.byte_cache import Counters, version_of
 from n5fs.kvstore.keys import basename
+from n5fs.locking import LEAF, assert_held, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -94,7 +94,7 @@ class Committer:
         self._rejections: deque[Rejection] = deque(maxlen=max_rejections)
         #: (callback, told of its own writes?) - see :meth:`subscribe`
         self._subscribers: list[tuple[Callable[[Sequence[str]], None], bool]] = []
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("rejections and subscribers", LEAF)
 
     def close(self) -> None:
         """Stop the chunk-check workers (after the last commit)."""
@@ -166,6 +166,7 @@ class Committer:
         """Run the commit rules per mode; strict raises Rejected (EINVAL at the caller).
         The caller holds the commit order for ``key``; ``stored`` is its stored value where
         the caller read it already."""
+        assert_held(self.order.holding)
         if self.mode is Mode.OFF:
             return
         if size is None or size > MAX_VALIDATED_BYTES:
@@ -204,6 +205,7 @@ class Committer:
         """Validate and store the node's staged bytes (caller holds ``node.lock``). On refusal
         the store keeps its value and the staged bytes are dropped (the next read sees the
         stored value)."""
+        assert_held(node.lock)
         staged = node.staged
         assert staged is not None
         key = node.key
@@ -281,6 +283,7 @@ class Committer:
         version it validates against and writes only if that is still current
         (:class:`~n5fs.errors.StaleVersion` otherwise: recorded, the key's cached entries
         dropped)."""
+        assert_held(self.order.holding)
         if not self.versioned(key):
             self.validate(key, load, size, pre)
             if mtime is None:
@@ -361,6 +364,7 @@ class Committer:
         what is cached, keep consolidated metadata true, tell subscribers. Inside the hold
         of ``key``. ``written_through``: the stored bytes are the ones written to ``key``
         through the file calls (:meth:`subscribe`)."""
+        assert_held(self.order.holding)
         self.counters.add("commits")
         self.counters.add("bytes_in", size)
         self._note_written(key, size, data, mtime, version)
@@ -391,6 +395,7 @@ class Committer:
 
     def after_delete(self, key: str) -> None:
         """``key`` was removed from the store (inside the hold of ``key``)."""
+        assert_held(self.order.holding)
         self.view.note_delete(key)
         self.reader.cache.invalidate(key)
         self.detector.invalidate(key)

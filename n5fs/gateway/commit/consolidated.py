@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from n5fs.codecs.jsondoc import load_json
 from n5fs.errors import Rejected, VersionConflict
 from n5fs.formats.registry import CONSOLIDATIONS
+from n5fs.locking import CONSOLIDATED, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,7 +68,7 @@ class ConsolidatedKeeper:
         self._on_write = on_write
         self._conditional = conditional
         self._sleep = sleep
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("consolidated metadata", CONSOLIDATED)
         #: lost compare-and-swap races, documents given up on (read by the control entries)
         self.retries = 0
         self.given_up = 0

@@ -24,13 +24,15 @@ cannot starve a metadata commit. Folder locks exist only while held or awaited.
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from n5fs.kvstore.keys import folders_above
+from n5fs.locking import LEAF, ORDER, ranked_condition, ranked_hold, ranked_lock
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Iterable, Iterator
 
 
@@ -42,7 +44,9 @@ class _FolderLock:
     writer: bool = False
     writers_waiting: int = 0
     users: int = 0
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    cond: threading.Condition = field(
+        default_factory=partial(ranked_condition, "commit order folder", LEAF)
+    )
 
     def acquire(self, exclusive: bool) -> None:
         with self.cond:
@@ -69,7 +73,9 @@ class ArrayOrder:
 
     def __init__(self) -> None:
         self._locks: dict[str, _FolderLock] = {}
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("commit order table", LEAF)
+        #: what a thread holds, as a rank, while inside :meth:`hold` (lock-order checks)
+        self.holding = ranked_hold("commit order hold", ORDER)
 
     def _get(self, prefix: str) -> _FolderLock:
         with self._lock:
@@ -91,20 +97,21 @@ class ArrayOrder:
         plan: dict[str, bool] = dict.fromkeys(shared, False)
         plan.update(dict.fromkeys(exclusive, True))
         held: list[tuple[str, _FolderLock, bool]] = []
-        try:
-            for prefix in sorted(plan):
-                lock = self._get(prefix)
-                try:
-                    lock.acquire(plan[prefix])
-                except BaseException:
+        with self.holding:
+            try:
+                for prefix in sorted(plan):
+                    lock = self._get(prefix)
+                    try:
+                        lock.acquire(plan[prefix])
+                    except BaseException:
+                        self._put(prefix, lock)
+                        raise
+                    held.append((prefix, lock, plan[prefix]))
+                yield
+            finally:
+                for prefix, lock, exclusive_mode in reversed(held):
+                    lock.release(exclusive_mode)
                     self._put(prefix, lock)
-                    raise
-                held.append((prefix, lock, plan[prefix]))
-            yield
-        finally:
-            for prefix, lock, exclusive_mode in reversed(held):
-                lock.release(exclusive_mode)
-                self._put(prefix, lock)
 
     def for_keys(
         self, keys: Iterable[str], *, metadata: Iterable[str] = ()

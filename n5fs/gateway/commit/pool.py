@@ -15,10 +15,11 @@ store and decodes, nothing more).
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, TypeVar
+
+from n5fs.locking import LEAF, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator, Sequence
@@ -34,7 +35,7 @@ class OrderedPool:
         self.workers = workers
         self._name = name
         self._executor: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("ordered pool", LEAF)
         self._closed = False
 
     def ordered(self, fn: Callable[[T], R], items: Sequence[T]) -> Generator[R, None, None]:

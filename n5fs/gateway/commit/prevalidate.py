@@ -15,8 +15,8 @@ remembers the array node and position it was made for; the commit re-classifies 
 against the metadata current then (inside the commit order) and uses the check only if both
 are equal (:meth:`Precheck.holds_for`), else it checks in full.
 
-State and locks: a :class:`ChunkCheck` guards its queue and flags with its own condition, a
-leaf lock. The writer (``StagedFile.write``, under its node lock) appends a reference to the
+State and locks: a :class:`ChunkCheck` guards its queue and flags with its own condition, an
+outer leaf (:data:`~n5fs.locking.OUTER_LEAF`: the staging budget, a leaf, is taken under it). The writer (``StagedFile.write``, under its node lock) appends a reference to the
 written bytes, reserved from the staging budget, and waits while more than
 :data:`MAX_BACKLOG` bytes are queued (back-pressure: the decoder, not memory, sets the pace);
 a pool worker drains a few pieces at a time, decoding outside the lock; the commit (under
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from n5fs.formats.base import ArrayNode, Format, KeyKind
 from n5fs.formats.registry import METADATA_NAMES
 from n5fs.gateway.commit.streamcheck import ChunkParser, Unsure, parser_for
 from n5fs.kvstore.keys import basename
+from n5fs.locking import LEAF, OUTER_LEAF, assert_held, ranked_condition, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -92,7 +92,8 @@ class ChunkCheck:
         self._owner = owner
         self._made_for = (verdict.fmt, verdict.array, verdict.position)
         self._parser = parser
-        self._cond = threading.Condition(threading.Lock())
+        # an outer leaf: the writer reserves from the staging budget (a leaf) under it
+        self._cond = ranked_condition("chunk check", OUTER_LEAF)
         self._queue: deque[bytes] = deque()
         self._backlog = 0  # bytes queued, reserved from the staging budget
         self._next = 0  # where the next sequential write starts (bytes taken so far)
@@ -139,6 +140,7 @@ class ChunkCheck:
 
     def _drop(self) -> None:
         """Give up (caller holds the condition): free the queue, wake everyone."""
+        assert_held(self._cond)
         self._dropped = True
         self._owner.budget.release(self._backlog)
         self._backlog = 0
@@ -221,7 +223,7 @@ class Prechecks:
         self.budget = budget
         self.max_bytes = max_bytes
         self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("chunk check pool", LEAF)
         self._closed = False
 
     def start(self, key: str, staged: StagedFile) -> None:

@@ -33,6 +33,7 @@ from n5fs.gateway.namespace.links import add_link, remove_link
 from n5fs.gateway.namespace.paths import Attr, EntryKind
 from n5fs.gateway.read.byte_cache import version_of
 from n5fs.kvstore.keys import basename, folder_of, folders_above
+from n5fs.locking import assert_held
 
 if TYPE_CHECKING:
     from n5fs.detect import Detector
@@ -63,6 +64,7 @@ class Renamer:
     def content(self, node: Node) -> bytes:
         """What the file holds now: staged bytes, else the stored object (caller holds the
         node's lock)."""
+        assert_held(node.lock)
         if node.pending and node.staged is not None:
             return node.staged.getvalue()
         info = self.view.info(node.key)

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound, N5fsError
 from n5fs.gateway.namespace.paths import CONTROL
+from n5fs.locking import LEAF, ranked_lock
 
 if TYPE_CHECKING:
     from n5fs.gateway.commit.committer import Committer
@@ -65,7 +65,7 @@ class ControlEntries:
         self.budget = budget
         #: leftovers of dead writers removed by :meth:`sweep` (under ``_lock``)
         self.leftovers_removed = 0
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("control entries", LEAF)
 
     def sweep(self, store: KvStore) -> int:
         """Remove the leftovers of dead writers (:meth:`KvStore.sweep`), log and count them."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import threading
 import time
 from functools import partial
 from typing import TYPE_CHECKING
@@ -51,6 +50,7 @@ from n5fs.gateway.namespace.walks import ArrayWalks
 from n5fs.gateway.read.byte_cache import LoadingCache
 from n5fs.kvstore.base import KeyInfo
 from n5fs.kvstore.keys import basename, dir_prefix, folder_of, parent
+from n5fs.locking import LEAF, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -95,7 +95,7 @@ class NamespaceView:
         )
         self.walks = ArrayWalks(store, self.listings, budget=flat_keys, ttl=ttl, clock=clock)
         self._vdirs: set[str] = set()
-        self._vlock = threading.Lock()
+        self._vlock = ranked_lock("virtual directories", LEAF)
 
     # -- listings ------------------------------------------------------------------------------
 

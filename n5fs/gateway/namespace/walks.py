@@ -45,15 +45,17 @@ from __future__ import annotations
 import logging
 import math
 import re
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from n5fs.gateway.namespace.paths import DirEntries, FolderSplitter
+from n5fs.locking import LEAF, assert_none_held, ranked_condition, ranked_lock
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Callable
 
     from n5fs.formats.base import ArrayNode
@@ -100,7 +102,7 @@ def _grid_order(part: _Part) -> list[str | int]:
 @dataclass(eq=False)
 class _Walk:
     array: str
-    cond: threading.Condition = field(default_factory=threading.Condition)
+    cond: threading.Condition = field(default_factory=partial(ranked_condition, "walk", LEAF))
     planned_at: float | None = None  # TTL clock
     levels: set[str] = field(default_factory=set)  # folders the plan listed by themselves
     parts: list[_Part] = field(default_factory=list)  # key order
@@ -162,7 +164,7 @@ class ArrayWalks:
         self.ttl = ttl
         self._clock = clock
         self._walks: dict[str, _Walk] = {}
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("walks", LEAF)
         self._pool: ThreadPoolExecutor | None = None
         self._page_seconds: float | None = None  # a page of a walk takes this long (average)
         self.started = 0  # plans made (stats, tests)
@@ -234,6 +236,7 @@ class ArrayWalks:
     # -- the workers ---------------------------------------------------------------------------
 
     def _plan(self, walk: _Walk, node: ArrayNode | None) -> None:
+        assert_none_held()  # a worker: no gateway lock, so a waiter may hold any
         try:
             levels, prefixes = self._split(walk.array, node)
         except Exception:  # a failed plan: every folder is listed alone
@@ -269,6 +272,7 @@ class ArrayWalks:
 
     def _read(self, walk: _Walk, part: _Part) -> None:
         """Walk ``part`` flat, storing every folder it leaves, a page at a time."""
+        assert_none_held()
         try:
             with self.listings.batch(part.prefix) as batch:
                 self._stream(walk, part, batch)

@@ -33,11 +33,11 @@ around store I/O); they are leaf locks — nothing else is acquired while one is
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from n5fs.locking import LEAF, ranked_lock
 from n5fs.singleflight import Clock, LoadingCache
 
 if TYPE_CHECKING:
@@ -104,7 +104,7 @@ class OpenedStamps:
     def __init__(self, limit: int = OPENED_KEYS) -> None:
         self._stamps: dict[str, Stamp] = {}
         self._limit = limit
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("opened stamps", LEAF)
 
     def opened(self, key: str, stamp: Stamp) -> bool:
         """Remember ``stamp`` as ``key``'s; True when it was the remembered one already."""
@@ -153,7 +153,7 @@ class ByteLRU:
         self._tickets: dict[str, list[Ticket]] = {}
         self._size = 0
         self._reserved = 0
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("byte cache", LEAF)
         self.hits = 0
         self.misses = 0
 
@@ -293,7 +293,7 @@ class Counters:
 
     def __init__(self, *names: str) -> None:
         self._values = dict.fromkeys(names, 0)
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("counters", LEAF)
 
     def add(self, name: str, amount: int = 1) -> None:
         with self._lock:

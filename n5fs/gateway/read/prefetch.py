@@ -32,7 +32,7 @@ the namespace's cached listings); without one there is no read-ahead.
 
 Lock discipline: ``Flights._lock`` guards the flight table and is held for table work only; it
 may take the byte cache's lock inside it (a leaf, :mod:`n5fs.gateway.read.byte_cache`), never the
-reverse. ``Prefetcher._lock`` guards the folder windows, the stride guess, the sorted-name
+reverse, so it ranks as an outer leaf (:data:`~n5fs.locking.OUTER_LEAF`). ``Prefetcher._lock`` guards the folder windows, the stride guess, the sorted-name
 memo and the in-flight budget; it is a leaf, never held around a store call or a listing lookup. Store I/O
 runs with no lock held, on the caller's thread or the pool's.
 """
@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from n5fs.gateway.read.byte_cache import fits, version_of
 from n5fs.kvstore.keys import basename, parent
+from n5fs.locking import LEAF, OUTER_LEAF, assert_held, assert_none_held, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -79,7 +80,8 @@ class Flights:
         self.cache = cache
         self._fetch = fetch
         self._table: dict[str, Flight] = {}
-        self._lock = threading.Lock()
+        # an outer leaf: a new flight reserves its bytes in the byte cache (a leaf) under it
+        self._lock = ranked_lock("read flights", OUTER_LEAF)
         self._joins = threading.Condition(self._lock)
         self.joined = 0  # reads that waited for a fetch already in flight
 
@@ -124,6 +126,7 @@ class Flights:
             return self._start_locked(key, version)
 
     def _start_locked(self, key: str, version: Version) -> Flight:
+        assert_held(self._lock)
         flight = Flight(version, self.cache.ticket(key, reserve=_size_of(version)))
         self._table[key] = flight
         return flight
@@ -137,6 +140,7 @@ class Flights:
             log.debug("read-ahead of %s failed: %s", key, exc)
 
     def _run(self, key: str, flight: Flight) -> bytes | None:
+        assert_none_held(OUTER_LEAF)  # the fetch is store I/O
         try:
             data = self._fetch(key)
         except BaseException:
@@ -200,7 +204,7 @@ class Prefetcher:
         self._in_flight_bytes = 0
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("read-ahead", LEAF)
         self._landed = threading.Condition(self._lock)
         self.started = 0  # objects fetched ahead
 
@@ -255,6 +259,7 @@ class Prefetcher:
     def _follows(self, window: _Window | None, at: int) -> tuple[int, int]:
         """The stride a read at ``at`` follows (0: none), and when none, a step that may turn
         out to be one (the next read at the same step confirms it). Caller holds the lock."""
+        assert_held(self._lock)
         if window is None:  # the folder's first read: the listing order, or the last stride
             return self._stride or (1 if at == 0 else 0), 0
         step = at - window.last

@@ -41,6 +41,7 @@ from n5fs.errors import KeyNotFound
 from n5fs.gateway.namespace.paths import path_to_key
 from n5fs.kvstore.keys import basename
 from n5fs.kvstore.tempnames import is_partial
+from n5fs.locking import LEAF, assert_held, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -69,7 +70,7 @@ class UnopenedReads:
     def __init__(self, reader: ObjectReader, clock: Callable[[], float] = time.monotonic) -> None:
         self._reader = reader
         self._clock = clock
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("unopened reads", LEAF)
         self._files: dict[str, _Shared] = {}
         self._held: dict[int, _Shared] = {}
 
@@ -92,6 +93,7 @@ class UnopenedReads:
     def _let_go(self, ident: int, path: str, now: float) -> LocalFile | None:
         """Under ``_lock``: this thread's hold ends unless it reads on in the same, still
         fresh descriptor; returns the descriptor to close when it was the last holder."""
+        assert_held(self._lock)
         held = self._held.get(ident)
         if held is None or (held.path == path and now <= held.until):
             return None
@@ -105,6 +107,7 @@ class UnopenedReads:
 
     def _take(self, ident: int, path: str, now: float) -> _Shared | None:
         """Under ``_lock``: hold the fresh shared descriptor of ``path``, None if there is none."""
+        assert_held(self._lock)
         held = self._held.get(ident)
         if held is not None:
             return held  # kept by _let_go: same path, fresh

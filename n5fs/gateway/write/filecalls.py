@@ -44,6 +44,7 @@ from n5fs.gateway.read.unopened import UnopenedReads
 from n5fs.gateway.write.handles import FailedCreates, Handle, Node
 from n5fs.kvstore.keys import basename, parent
 from n5fs.kvstore.tempnames import is_partial
+from n5fs.locking import assert_held
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -246,6 +247,7 @@ class FileCalls:
 
     def _start_new(self, node: Node, path: str, flags: int) -> None:
         """Stage ``node`` for ``create`` (caller holds its lock)."""
+        assert_held(node.lock)
         attr = self.view.lookup(node.key)
         if attr is not None and flags & os.O_EXCL:
             raise KeyExists(f"file exists: {path}")
@@ -373,6 +375,7 @@ class FileCalls:
     def _commit(self, node: Node) -> None:
         """Commit the node (caller holds its lock). A new file whose commit fails, whatever
         the cause, leaves no name: :meth:`_unborn`."""
+        assert_held(node.lock)
         if node.translator is not None:
             self._commit_translated(node, node.translator)
             return
@@ -479,6 +482,7 @@ class FileCalls:
         out (:attr:`Node.failed`; :meth:`_commit` has the kernel drop what it cached), and
         the caller's retried ``open(O_CREAT)``, which the kernel may send as a plain
         ``open``, is served as a create (:class:`~n5fs.gateway.write.handles.FailedCreates`)."""
+        assert_held(node.lock)
         node.failed = True
         self.failed_creates.remember(node.key)
 
@@ -506,6 +510,7 @@ class FileCalls:
         file), recorded in the rejections when the last handle goes with nothing written. The
         kernel is told to ask again, so a ``stat`` after this close sees the name only while
         a descriptor still holds the file, and then it opens (it reads empty)."""
+        assert_held(node.lock)
         refusal = self.committer.would_refuse(node.key, b"")
         if refusal is None:
             return

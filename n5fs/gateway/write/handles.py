@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from n5fs.errors import KeyNotFound
@@ -36,8 +36,18 @@ from n5fs.gateway.read.reader import LocalFile, PageCache, ReadWindow
 from n5fs.gateway.write.staging import BaseObject, StagedFile, StagingBudget
 from n5fs.kvstore.base import ByteRange
 from n5fs.kvstore.keys import parent
+from n5fs.locking import (
+    LEAF,
+    NODE,
+    VIEW_NODE,
+    acquire_in_order,
+    assert_held,
+    ranked_lock,
+    ranked_rlock,
+)
 
 if TYPE_CHECKING:
+    import threading
     from collections.abc import Callable, Iterator
 
     from n5fs.gateway.read.byte_cache import Stamp
@@ -100,7 +110,7 @@ class Node:
     base: str | None = None
     #: how many open handles read each version of the local file (their stamps)
     reading: dict[Stamp, int] = field(default_factory=dict)
-    lock: threading.RLock = field(default_factory=threading.RLock)
+    lock: threading.RLock = field(default_factory=partial(ranked_rlock, "node", NODE))
     #: a file of a view, written under a name the view makes and committed by this translator
     #: instead of the committer (:meth:`OpenFiles.open_translated`)
     translator: Translator | None = None
@@ -122,6 +132,7 @@ class Node:
     def start_reading(self, stamp: Stamp) -> bool:
         """Count a handle reading ``stamp`` (caller holds the lock); True when another open
         handle reads another version."""
+        assert_held(self.lock)
         mixed = any(other != stamp for other in self.reading)
         self.reading[stamp] = self.reading.get(stamp, 0) + 1
         return mixed
@@ -164,7 +175,7 @@ class OpenFiles:
         self._translated: dict[str, Node] = {}
         self._handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("open files", LEAF)
 
     # -- handles -------------------------------------------------------------------------------
 
@@ -255,8 +266,8 @@ class OpenFiles:
         """Reference and lock the current nodes of ``keys`` (distinct, sorted)."""
         while True:
             nodes = [self.acquire(key) for key in keys]
-            for node in nodes:
-                node.lock.acquire()
+            for key, node in zip(keys, nodes, strict=True):
+                acquire_in_order(node.lock, key)
             with self._lock:
                 current = all(self._nodes.get(k) is n for k, n in zip(keys, nodes, strict=True))
             if current:
@@ -305,6 +316,7 @@ class OpenFiles:
 
     def move(self, node: Node, dst: str) -> None:
         """Open handles follow a renamed file to its new name (caller holds ``node.lock``)."""
+        assert_held(node.lock)
         with self._lock:
             if self._nodes.get(node.key) is node:
                 del self._nodes[node.key]
@@ -338,7 +350,8 @@ class OpenFiles:
         with self._lock:
             node = self._translated.get(key)
             if node is None:
-                node = self._translated[key] = Node(key, translator=translator)
+                lock = ranked_rlock("view file node", VIEW_NODE)
+                node = self._translated[key] = Node(key, translator=translator, lock=lock)
             node.refs += 1
         with node.lock:
             if truncate:
@@ -401,6 +414,7 @@ class OpenFiles:
     def staged(self, node: Node, size: int | None) -> StagedFile:
         """The node's staging buffer (caller holds ``node.lock``): empty for a new file, else
         copy-on-write over the stored object of ``size`` bytes, fetched lazily."""
+        assert_held(node.lock)
         if node.staged is None:
             base = None
             if node.stored and size and node.translator is None:
@@ -420,6 +434,7 @@ class OpenFiles:
     def drop_staged(self, node: Node) -> None:
         """Forget what the node stages (caller holds its lock): its content is the stored
         object's again, read lazily by the next write."""
+        assert_held(node.lock)
         if node.staged is not None:
             node.staged.close()
             node.staged = None
@@ -430,6 +445,7 @@ class OpenFiles:
     def empty(self, node: Node) -> StagedFile:
         """A fresh, empty staging buffer for the node (``O_TRUNC``; caller holds the lock):
         nothing of the stored object is ever fetched."""
+        assert_held(node.lock)
         if node.staged is not None:
             node.staged.close()
             node.staged = None
@@ -450,7 +466,7 @@ class FailedCreates:
     def __init__(self, limit: int = 1024) -> None:
         self._names: OrderedDict[str, None] = OrderedDict()
         self._limit = limit
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("failed creates", LEAF)
 
     def remember(self, key: str) -> None:
         with self._lock:

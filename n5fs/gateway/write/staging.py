@@ -37,6 +37,7 @@ import threading
 from typing import TYPE_CHECKING, Protocol
 
 from n5fs.errors import FileTooLarge
+from n5fs.locking import LEAF, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -87,7 +88,7 @@ class StagingBudget:
         self.overdrawn = 0
         #: the most working memory lent at once
         self.peak_lent = 0
-        self._lock = threading.Lock()
+        self._lock = ranked_lock("staging budget", LEAF)
         self._turn = threading.Condition(self._lock)
         self._local = threading.local()
 
