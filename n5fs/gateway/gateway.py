@@ -54,7 +54,7 @@ from n5fs.gateway.read.reader import ObjectReader, PageCache
 from n5fs.gateway.write.filecalls import FileCalls, read_whole
 from n5fs.gateway.write.handles import OpenFiles, StagingConfig
 from n5fs.gateway.write.staging import StagingBudget
-from n5fs.kvstore.file import Durability, FileStore
+from n5fs.kvstore.abilities import Durability, settable_durability
 from n5fs.kvstore.keys import folders_above
 
 if TYPE_CHECKING:
@@ -76,12 +76,13 @@ class Gateway:
         self.store = store
         self.config = cfg = config or GatewayConfig()
         self.mode = Mode(cfg.validate)
-        self.read_only = cfg.read_only or not store.writable
+        self.read_only = cfg.read_only or not store.traits.writable
         kept = cfg.mtime == "kept" or (cfg.mtime is None and not self.read_only)
         #: a stat asks the store for the kept mtime its listing cannot show (S3: a HEAD)
-        self._ask_mtimes = kept and not store.listing_mtimes
-        if isinstance(store, FileStore):
-            store.durability = Durability(cfg.durable)
+        self._ask_mtimes = kept and not store.traits.listing_mtimes
+        durability = settable_durability(store)
+        if durability is not None:
+            durability.set_durability(Durability(cfg.durable))
         ttl = 0.0 if cfg.consistency == "strict" else cfg.ttl
         self.detector = Detector(store, ttl=ttl, clock=clock)
         self.budget = StagingBudget(cfg.staging_bytes)
@@ -225,7 +226,8 @@ class Gateway:
         store keeps each key in a local file: an open then only proves the file exists (the
         lookup did), and a read by path costs what a read by handle does. Reading 10k small
         files is then two FUSE calls each instead of four."""
-        return self.read_only and self.store.local_folder("") is not None
+        local = self.reader.local
+        return self.read_only and local is not None and local.local_folder("") is not None
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
         return self.calls.write(fh, data, offset)

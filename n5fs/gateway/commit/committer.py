@@ -35,6 +35,7 @@ from n5fs.gateway.commit.ordering import ArrayOrder
 from n5fs.gateway.commit.prevalidate import Precheck, Prechecks
 from n5fs.gateway.commit.rules import UNREAD, CommitRules, Mode, Rejection, Unread
 from n5fs.gateway.read.byte_cache import Counters, version_of
+from n5fs.kvstore.abilities import part_writes
 from n5fs.kvstore.keys import basename
 
 if TYPE_CHECKING:
@@ -81,8 +82,10 @@ class Committer:
         self.order = ArrayOrder()
         self.conditional = conditional
         self.keeper = ConsolidatedKeeper(
-            store, view.exists, self._written_by_keeper, conditional=conditional.in_force
+            store, view.exists, self._written_by_keeper, conditional=conditional.writes
         )
+        #: the store as one that writes a value from its pieces, None where it joins them
+        self.part_writer = part_writes(store)
         self.counters = Counters("commits", "rejections", "bytes_in", "prechecked")
         #: chunk checks while writes arrive; none when nothing is validated
         self.prechecks = (
@@ -219,7 +222,7 @@ class Committer:
                     pre=pre,
                     spilled=spilled,
                     mtime=node.mtime,
-                    parts=content.parts if self.store.writes_parts else None,
+                    parts=content.parts if self.part_writer is not None else None,
                 )
             except Rejected:
                 node.dirty = False
@@ -272,11 +275,12 @@ class Committer:
         if not self.versioned(key):
             self.validate(key, load, size, pre)
             if mtime is None:
-                pieces = parts() if parts is not None and spilled is None else None
+                writer = self.part_writer if parts is not None and spilled is None else None
+                pieces = parts() if writer is not None and parts is not None else None
                 if spilled is not None:
                     self.store.put_file(key, spilled)
-                elif pieces is not None:
-                    self.store.set_parts(key, pieces)
+                elif writer is not None and pieces is not None:
+                    writer.set_parts(key, pieces)
                 else:
                     self.store.set(key, load())
                 return None, None

@@ -184,7 +184,11 @@ class NamespaceView:
             return Attr(EntryKind.DIR, writable=self.writable)
         folder, name = folder_of(key), basename(key)
         listed = True
-        if self.store.cheap_stat and not self.listings.answers(folder) and not self._absent(folder):
+        if (
+            self.store.traits.cheap_stat
+            and not self.listings.answers(folder)
+            and not self._absent(folder)
+        ):
             # a local disk: the file alone, not a scandir and a stat of all its neighbours
             # (reading 10k of 51k chunks cold listed every folder of the tree, far behind a
             # passthrough); a name with nothing on disk is a miss without a listing
@@ -309,7 +313,7 @@ class NamespaceView:
         name = basename(key)
         folder = parent(key)
         self.listings.replace(dir_prefix(folder), lambda e: e.without_file(name))
-        if folder and not self.store.empty_prefixes:
+        if folder and not self.store.traits.empty_prefixes:
             with self._vlock:  # keep the directory visible: `rm d/f; rmdir d` must work
                 self._vdirs.add(folder)
 
@@ -336,7 +340,7 @@ class NamespaceView:
                 dst + v[len(src) :] if v == src or v.startswith(src + "/") else v
                 for v in self._vdirs
             }
-            if empty and not self.store.empty_prefixes:
+            if empty and not self.store.traits.empty_prefixes:
                 self._vdirs.add(dst)
         self.clear()
 

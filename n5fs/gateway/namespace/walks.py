@@ -3,7 +3,7 @@
 Why: listed folder by folder, a chunk tree costs one LIST request per folder on S3 (a Zarr v2
 array of 51,200 chunks in 1,641 folders: 1,641 requests, each as slow as a page of 1,000
 keys); a flat (delimiter-less) listing of the array answers up to 1,000 keys of any folders
-per request. Stores say whether they prefer it (``KvStore.flat_listing_preferred``: S3, zip,
+per request. Stores say whether they prefer it (``StoreTraits.flat_listing_preferred``: S3, zip,
 memory; not a directory on disk, where one ``scandir`` lists a folder).
 
 How (:class:`ArrayWalks`):
@@ -169,7 +169,7 @@ class ArrayWalks:
 
     @property
     def enabled(self) -> bool:
-        return self.budget > 0 and self.store.flat_listing_preferred
+        return self.budget > 0 and self.store.traits.flat_listing_preferred
 
     def wait_for(self, array: str, folder: str, node: ArrayNode | None) -> None:
         """Return once the walk of ``array`` has answered ``folder`` (start what it needs),
