@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from n5fs.gateway.write.handles import Node
     from n5fs.gateway.write.staging import StagedFile, StagingBudget
     from n5fs.kvstore.base import KvStore
+    from n5fs.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +73,14 @@ class Committer:
         max_rejections: int,
         budget: StagingBudget,
         conditional: Conditional,
+        workers: Workers,
     ) -> None:
         self.store = store
         self.detector = detector
         self.view = view
         self.reader = reader
         self.mode = mode
-        self.rules = CommitRules(store, detector)
+        self.rules = CommitRules(store, detector, workers)
         self.order = ArrayOrder()
         self.conditional = conditional
         self.keeper = ConsolidatedKeeper(
@@ -91,7 +93,9 @@ class Committer:
         self.prechecks = (
             None
             if mode is Mode.OFF
-            else Prechecks(self.rules.classifier, budget, max_bytes=MAX_VALIDATED_BYTES)
+            else Prechecks(
+                self.rules.classifier, budget, max_bytes=MAX_VALIDATED_BYTES, workers=workers
+            )
         )
         self._rejections: deque[Rejection] = deque(maxlen=max_rejections)
         #: (callback, told of its own writes?) - see :meth:`subscribe`
@@ -99,10 +103,10 @@ class Committer:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        """Stop the chunk-check workers (after the last commit)."""
+        """Start no more chunk checks (after the last commit); the gateway's workers stop
+        the threads."""
         if self.prechecks is not None:
             self.prechecks.close()
-        self.rules.close()
 
     # -- order ---------------------------------------------------------------------------------
 

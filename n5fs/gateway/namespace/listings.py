@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from n5fs.detect import Detector
     from n5fs.gateway.write.handles import OpenFiles
     from n5fs.kvstore.base import KvStore
+    from n5fs.workers import Workers
 
 #: the listing of a folder that holds no key
 _EMPTY = DirEntries()
@@ -79,6 +80,7 @@ class NamespaceView:
         clock: Callable[[], float],
         writable: bool,
         control: Callable[[str], bytes],
+        workers: Workers,
         show_control: bool = False,
         flat_keys: int = 100_000,
     ) -> None:
@@ -91,9 +93,11 @@ class NamespaceView:
         # an expired listing that took a while to read answers while it is read again (not
         # in strict consistency, whose TTL of 0 asks the store on every lookup)
         self.listings: LoadingCache[DirEntries] = LoadingCache(
-            ttl, clock=clock, revalidate_after=SLOW_LISTING if ttl else None
+            ttl, clock=clock, revalidate_after=SLOW_LISTING if ttl else None, workers=workers
         )
-        self.walks = ArrayWalks(store, self.listings, budget=flat_keys, ttl=ttl, clock=clock)
+        self.walks = ArrayWalks(
+            store, self.listings, budget=flat_keys, ttl=ttl, clock=clock, workers=workers
+        )
         self._vdirs: set[str] = set()
         self._vlock = threading.Lock()
 

@@ -61,6 +61,7 @@ from n5fs.kvstore.abilities import local_files
 from n5fs.kvstore.base import ByteRange
 from n5fs.kvstore.keys import basename, folder_of
 from n5fs.malloc import map_large_buffers
+from n5fs.workers import Workers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -73,7 +74,9 @@ _FIRST_READAHEAD = 1 << 20
 #: a read-ahead window is fetched as ranges of at least this many bytes, at most _PARTS of them
 _MIN_PART = 1 << 20
 _PARTS = 4
-#: fetches on the read pool at once (whole objects ahead, ranges of large objects)
+#: the read pool (:class:`~n5fs.workers.Workers`): its threads' name, and how many fetches
+#: run on it at once (whole objects ahead, ranges of large objects)
+READ_POOL = "n5fs-read"
 READ_WORKERS = 4
 #: objects of a folder fetched ahead of a reader that follows its listing order
 AHEAD_OBJECTS = 4
@@ -132,10 +135,14 @@ class ObjectReader:
         cache_bytes: int,
         small_object: int,
         readahead: int,
-        workers: int = READ_WORKERS,
         ahead_objects: int = AHEAD_OBJECTS,
+        workers: Workers | None = None,
     ) -> None:
+        """``workers``: whose threads read ahead (a gateway's); None: a :class:`Workers` of
+        the reader's own, shut down by :meth:`close`."""
         map_large_buffers()
+        self._own_workers = workers is None
+        self.workers = Workers() if workers is None else workers
         self.store = store
         #: the store's local files (:class:`~n5fs.kvstore.abilities.LocalFiles`), if it has them
         self.local = local_files(store)
@@ -149,7 +156,7 @@ class ObjectReader:
             objects=ahead_objects,
             max_bytes=min(cache_bytes // 4, ahead_objects * min(small_object, 8 << 20)),
             small_object=small_object,
-            workers=workers,
+            pool=self.workers.pool(READ_POOL, READ_WORKERS, drain=True),
         )
 
     def follow(self, listing: Callable[[str], Mapping[str, KeyInfo] | None]) -> None:
@@ -158,8 +165,11 @@ class ObjectReader:
         self.prefetcher.listing = listing
 
     def close(self) -> None:
-        """Stop reading ahead; waits for the fetches in flight."""
+        """Stop reading ahead. The fetches in flight land before the read pool stops: at
+        once here when the reader owns its workers, else at their owner's shutdown."""
         self.prefetcher.close()
+        if self._own_workers:
+            self.workers.shutdown()
 
     @property
     def store_reads(self) -> int:
