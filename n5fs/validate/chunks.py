@@ -12,8 +12,9 @@ chunks are fetched. Batches start small and grow with the number of chunks seen,
 array still spreads over every worker and a large one pays little per chunk.
 
 Why local reads: where the store keeps a folder on a local disk
-(:meth:`~n5fs.kvstore.abilities.LocalFiles.local_folder`), a batch opens each of its folders once and reads every chunk relative to it, ``openat`` with
-``O_NOFOLLOW`` and one ``read`` of the size the listing gave, instead of ``get``'s full path
+(:meth:`~n5fs.kvstore.abilities.LocalFiles.local_folder`), a batch opens each of its folders
+once and reads every chunk relative to it, ``openat`` with ``O_NOFOLLOW`` and one ``read`` of
+the size the listing gave, instead of ``get``'s full path
 resolution and buffered file object, or a path resolved per chunk (two ``lstat`` calls and a
 walk of the path by the kernel: of the order of checking a small zstd chunk itself). A chunk that
 cannot be opened so (a link, gone) is asked of ``get``, which decides, as before, whether the
