@@ -36,9 +36,11 @@ drops the value, and the next caller waits for a fresh one.
 Lock discipline: one internal lock guards the entries and the flight table; it is held only for
 dictionary operations, never while a loader runs, so a loader may use other caches (the
 detector's loads of a folder use its parent's entry). It is a leaf of the gateway's lock order
-(:mod:`n5fs.locking`; a loader runs with no leaf lock held, checked in debug mode). This
-module imports only the standard library and :mod:`n5fs.locking`: detection (below the
-gateway) and the gateway both use it.
+(:mod:`n5fs.locking`; a loader runs with no leaf lock held, checked in debug mode). The refresh
+pool is a :class:`~n5fs.workers.Workers` pool, taken under the lock once and submitted to
+outside it. This module imports only the standard library, :mod:`n5fs.locking` and
+:mod:`n5fs.workers` (standard library only too): detection (below the gateway) and the
+gateway both use it.
 """
 
 from __future__ import annotations
@@ -47,11 +49,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from n5fs.locking import LEAF, OUTER_LEAF, assert_held, assert_none_held, ranked_lock
+from n5fs.workers import Pool, Workers
 
 V = TypeVar("V")
 
@@ -59,7 +61,10 @@ Clock = Callable[[], float]
 
 #: ``Batch.fill`` stores this many values per hold of the lock
 _FILL_SLICE = 1024
-#: threads refreshing expired values behind the callers (``revalidate_after``), per cache
+#: the pool refreshing expired values behind the callers (``revalidate_after``): its threads'
+#: name, and how many (per :class:`~n5fs.workers.Workers`: the gateway's listings are its
+#: only cache that refreshes so); it drains at shutdown, as a caller may wait on a refresh
+REFRESH_POOL = "n5fs-refresh"
 REFRESHERS = 2
 #: with ``revalidate_after``, a value lives at least this many times as long as it took to load
 SLOW_LIFETIME = 4.0
@@ -142,7 +147,11 @@ class LoadingCache(Generic[V]):
         clock: Clock = time.monotonic,
         negative: tuple[type[BaseException], ...] = (),
         revalidate_after: float | None = None,
+        workers: Workers | None = None,
     ) -> None:
+        """``workers``: whose ``n5fs-refresh`` pool runs the refreshes (a gateway's: declared
+        on it here); None: a :class:`~n5fs.workers.Workers` of this cache's own, made at the
+        first refresh and never shut down (its threads end with the process)."""
         self.ttl = ttl
         self.max_entries = max_entries
         self._clock = clock
@@ -156,7 +165,9 @@ class LoadingCache(Generic[V]):
         self.discarded = 0  # loads not stored because an invalidation overtook them
         self.revalidate_after = revalidate_after
         self.stale_hits = 0  # expired values served while a refresh ran behind
-        self._refresher: ThreadPoolExecutor | None = None
+        self._refresher: Pool | None = None
+        if revalidate_after is not None and workers is not None:
+            self._refresher = workers.pool(REFRESH_POOL, REFRESHERS, drain=True)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -233,14 +244,15 @@ class LoadingCache(Generic[V]):
         return _unwrap(flight.value, flight.error)
 
     def _refresh(self, key: str, flight: _Flight[V], loader: Callable[[], V]) -> None:
-        """Run the flight on the refresh pool (inline if the interpreter is shutting down)."""
+        """Run the flight on the refresh pool (inline once the pool is shut down: the
+        gateway closing, or the interpreter)."""
         with self._lock:
             if self._refresher is None:
-                self._refresher = ThreadPoolExecutor(REFRESHERS, thread_name_prefix="n5fs-refresh")
+                self._refresher = Workers().pool(REFRESH_POOL, REFRESHERS, drain=True)
             pool = self._refresher
         try:
             pool.submit(self._fly, key, flight, loader)
-        except RuntimeError:
+        except RuntimeError:  # WorkersClosed, or an interpreter shutting down
             self._fly(key, flight, loader)
 
     def _fly(self, key: str, flight: _Flight[V], loader: Callable[[], V]) -> None:

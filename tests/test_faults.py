@@ -16,7 +16,6 @@ from n5fs.codecs.limits import CodecError
 from n5fs.errors import Rejected
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.kvstore import tempnames
-from n5fs.kvstore.base import KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.validate import Validator
@@ -211,8 +210,8 @@ def test_folder_rename_order_is_safe_to_interrupt_anywhere() -> None:
 
 
 def test_file_store_renames_folders_in_one_step(tmp_path: Path) -> None:
-    assert FileStore(tmp_path).atomic_prefix_rename
-    assert not KvStore.atomic_prefix_rename
+    assert FileStore(tmp_path).traits.atomic_prefix_rename
+    assert not MemoryStore().traits.atomic_prefix_rename
 
 
 # -- modification times ----------------------------------------------------------------------

@@ -131,10 +131,10 @@ def test_every_chunk_lookup_of_a_nested_array_costs_one_walk(counted: CountingSt
     gw = Gateway(counted)
     for key in chunk_keys():
         assert gw.stat("/" + key).kind is EntryKind.FILE
-    if counted.flat_listing_preferred:
+    if counted.traits.flat_listing_preferred:
         assert counted.walks == {"arr/": 1}  # one walk answered all 12 folders
         assert counted.below("arr/") == 0
-    elif counted.cheap_stat:  # a directory on disk: each file is one stat, no listing
+    elif counted.traits.cheap_stat:  # a directory on disk: each file is one stat, no listing
         assert not counted.walks
         assert counted.below("arr/") == 0
     else:  # one listing per folder is cheaper than a walk
@@ -152,7 +152,8 @@ def test_every_chunk_lookup_of_a_nested_array_costs_one_walk(counted: CountingSt
         assert names == [str(j) for j in range(COLS)]
     names = [n for n, _ in gw.readdir("/arr")]
     assert names == sorted([".zarray", ".zattrs", *map(str, range(ROWS))])
-    if counted.flat_listing_preferred:  # the file store LISTs arr/ and arr/77/ (a scandir each)
+    # the file store LISTs arr/ and arr/77/ (a scandir each)
+    if counted.traits.flat_listing_preferred:
         assert (sum(counted.lists.values()), sum(counted.walks.values())) == before
 
 
@@ -183,10 +184,10 @@ def test_commit_is_visible_at_once_and_outside_writes_after_the_ttl(
     counted.inner.set("arr/13/2", chunk)
     # a listing of arr/13/ answers until the TTL; a local disk was asked for 13/1 alone
     # (no listing of arr/13/ cached) and shows 13/2 at once: fresher, never staler
-    assert (gw.lookup("/arr/13/2") is None) is not counted.cheap_stat
+    assert (gw.lookup("/arr/13/2") is None) is not counted.traits.cheap_stat
     gw.drop_caches()
     assert gw.lookup("/arr/13/2") is not None
-    if counted.flat_listing_preferred:
+    if counted.traits.flat_listing_preferred:
         assert counted.walks == {"arr/": 3}  # at first, after the TTL, after drop_caches
 
 
@@ -199,7 +200,7 @@ def test_walk_budget_leaves_the_rest_to_folder_listings(counted: CountingStore) 
         assert gw.stat("/" + key).kind is EntryKind.FILE
     with pytest.raises(KeyNotFound):
         gw.stat("/arr/5/9")
-    if counted.flat_listing_preferred:
+    if counted.traits.flat_listing_preferred:
         assert counted.walks == {"arr/": 1}
         assert counted.lists == {f"arr/{i}/": 1 for i in range(2, ROWS)}
 
@@ -210,7 +211,9 @@ def test_flat_listings_off(counted: CountingStore) -> None:
         gw.stat("/" + key)
     assert not counted.walks
     # (a local disk stats each file instead: no folder listed at all)
-    assert counted.lists == ({} if counted.cheap_stat else {f"arr/{i}/": 1 for i in range(ROWS)})
+    assert counted.lists == (
+        {} if counted.traits.cheap_stat else {f"arr/{i}/": 1 for i in range(ROWS)}
+    )
 
 
 def test_big_array_is_split_and_walked_in_parallel(
@@ -239,7 +242,7 @@ def test_big_array_is_split_and_walked_in_parallel(
                 gw.read_file(f"/arr/{i}/{j}/3")
                 == values[2 * i : 2 * i + 2, 2 * j : 2 * j + 2, 6:8].tobytes()
             )
-    if store.flat_listing_preferred:
+    if store.traits.flat_listing_preferred:
         assert store.walks == {"arr/0/": 1, "arr/1/": 1, "arr/2/": 1}
         assert store.below("arr/") == 1 == store.lists["arr/"]  # the plan's LIST
     else:
@@ -620,7 +623,7 @@ def test_a_file_lookup_on_a_local_disk_stats_the_file_not_its_folder(tmp_path: P
     partial = temp_name("c1")
     (root / "a" / partial).write_bytes(b"a writer's temp file")
     store = StatCounting(FileStore(root))
-    assert store.cheap_stat
+    assert store.traits.cheap_stat
     gw = Gateway(store, GatewayConfig())
     attr = gw.stat("/a/c7")
     assert (attr.kind, attr.size) == (EntryKind.FILE, 7)
@@ -673,7 +676,7 @@ def test_a_store_without_cheap_stat_answers_lookups_from_its_listing() -> None:
     for i in range(5):
         inner.set(f"a/c{i}", b"x" * i)
     store = StatCounting(inner)
-    assert not store.cheap_stat
+    assert not store.traits.cheap_stat
     gw = Gateway(store, GatewayConfig())
     assert [gw.stat(f"/a/c{i}").size for i in range(5)] == list(range(5))
     assert store.stats == []

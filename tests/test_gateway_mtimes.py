@@ -6,6 +6,7 @@ only ``stat`` (a HEAD) shows the time ``set_mtime`` kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -24,7 +25,7 @@ KEPT = 1_000_000_000.0  # 2001-09-09: what `touch -d` or `rsync -a` set
 class ListsLikeS3(ForwardingStore):
     """Listings carry the write time, not the kept one; ``stat`` calls are counted."""
 
-    listing_mtimes = False  # type: ignore[assignment]
+    traits = dataclasses.replace(MemoryStore.traits, listing_mtimes=False)
 
     def __init__(self, inner: MemoryStore) -> None:
         super().__init__(inner)

@@ -7,9 +7,17 @@ from pathlib import Path
 import pytest
 
 from n5fs.errors import NotSupported
-from n5fs.kvstore.base import KvStore, Versioned
+from n5fs.kvstore.abilities import (
+    StoreTraits,
+    conditional_writes,
+    local_files,
+    part_writes,
+    settable_durability,
+)
+from n5fs.kvstore.base import KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
+from n5fs.kvstore.wrappers import ForwardingStore
 from n5fs.testing.kvstore_contract import KvStoreContract
 
 
@@ -48,11 +56,31 @@ class TestFileStore(KvStoreContract):
 
 
 def test_file_store_has_no_conditional_writes(tmp_path: Path) -> None:
-    """The base defaults: a reason, NotSupported, and reads without a version."""
+    """No such ability, also through a wrapper, whose methods for it say NotSupported."""
     store = FileStore(tmp_path)
     store.set("k", b"v")
-    assert store.probe_conditional_writes() == "FileStore has no conditional writes"
+    assert conditional_writes(store) is None
+    assert not hasattr(store, "set_if")
+    wrapped = ForwardingStore(store)
+    assert conditional_writes(wrapped) is None
+    assert wrapped.probe_conditional_writes() == "FileStore has no conditional writes"
     with pytest.raises(NotSupported):
-        store.set_if("k", b"w", version=None)
-    assert store.get_versioned("k") == Versioned(b"v", None)
+        wrapped.set_if("k", b"w", version=None)
+    with pytest.raises(NotSupported):
+        wrapped.get_versioned("k")
     assert store.get("k") == b"v"
+
+
+def test_each_driver_has_its_abilities_and_traits(tmp_path: Path) -> None:
+    file, memory = FileStore(tmp_path), MemoryStore()
+    assert local_files(file) is file
+    assert settable_durability(file) is file
+    assert part_writes(file) is file
+    assert conditional_writes(file) is None
+    assert conditional_writes(memory) is memory
+    for find in (local_files, settable_durability, part_writes):
+        assert find(memory) is None, find
+    assert file.traits == StoreTraits(
+        atomic_prefix_rename=True, empty_prefixes=True, cheap_stat=True
+    )
+    assert memory.traits == StoreTraits(flat_listing_preferred=True, shared_versions=True)

@@ -110,7 +110,7 @@ def test_bad_sources_say_why(source: object, words: str) -> None:
 
 def test_open_store_read_only_wraps() -> None:
     store = open_store("memory://", read_only=True)
-    assert store.writable is False
+    assert store.traits.writable is False
 
 
 def test_registry_refuses_silent_clobbering() -> None:

@@ -128,7 +128,7 @@ def serve_plan(
             link.ready()
         if on_ready is not None:
             on_ready()
-        if gateway.conditional.reason is not None and source.store.shared_versions:
+        if gateway.conditional.reason is not None and source.store.traits.shared_versions:
             # said at the terminal while mounting; now into the log (stderr) too
             log.warning("%s", gateway.conditional.announcement())
 

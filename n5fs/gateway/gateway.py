@@ -7,8 +7,10 @@ Writes are staged per open file and committed at ``flush`` (every close), ``fsyn
 
 This class builds the pieces of one mount and is what the FUSE front (or a view) calls. The
 content calls go to :class:`~n5fs.gateway.write.filecalls.FileCalls`; the namespace changes
-(unlink, mkdir, rmdir, rename, link, symlink) and the order of shutdown are its own. Each
-piece lives in the subpackage that owns its state, whose docstring names that state and its
+(unlink, mkdir, rmdir, rename, link, symlink) and the order of shutdown are its own, and so
+are the threads of every piece: one :class:`~n5fs.workers.Workers`, handed to the pieces
+that run work on a pool and shut down once in :meth:`Gateway.close`, after the committer
+drained. Each piece lives in the subpackage that owns its state, whose docstring names that state and its
 locks: :mod:`n5fs.gateway.write` (open files, staging), :mod:`n5fs.gateway.commit` (rules,
 commit order, renames, many mounts), :mod:`n5fs.gateway.namespace` (listings, walks, links,
 control entries), :mod:`n5fs.gateway.read` (byte cache, read-ahead, descriptors).
@@ -55,8 +57,9 @@ from n5fs.gateway.read.reader import ObjectReader, PageCache
 from n5fs.gateway.write.filecalls import FileCalls, read_whole
 from n5fs.gateway.write.handles import OpenFiles, StagingConfig
 from n5fs.gateway.write.staging import StagingBudget
-from n5fs.kvstore.file import Durability, FileStore
+from n5fs.kvstore.abilities import Durability, settable_durability
 from n5fs.kvstore.keys import folders_above
+from n5fs.workers import Workers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -76,13 +79,16 @@ class Gateway:
     ) -> None:
         self.store = store
         self.config = cfg = config or GatewayConfig()
+        #: every thread pool of this gateway, started lazily and shut down once by close()
+        self.workers = Workers()
         self.mode = Mode(cfg.validate)
-        self.read_only = cfg.read_only or not store.writable
+        self.read_only = cfg.read_only or not store.traits.writable
         kept = cfg.mtime == "kept" or (cfg.mtime is None and not self.read_only)
         #: a stat asks the store for the kept mtime its listing cannot show (S3: a HEAD)
-        self._ask_mtimes = kept and not store.listing_mtimes
-        if isinstance(store, FileStore):
-            store.durability = Durability(cfg.durable)
+        self._ask_mtimes = kept and not store.traits.listing_mtimes
+        durability = settable_durability(store)
+        if durability is not None:
+            durability.set_durability(Durability(cfg.durable))
         ttl = 0.0 if cfg.consistency == "strict" else cfg.ttl
         self.detector = Detector(store, ttl=ttl, clock=clock)
         self.budget = StagingBudget(cfg.staging_bytes)
@@ -97,6 +103,7 @@ class Gateway:
             clock=clock,
             writable=not self.read_only,
             control=self._control_bytes,
+            workers=self.workers,
             show_control=cfg.show_control,
             flat_keys=cfg.flat_list_keys,
         )
@@ -110,6 +117,7 @@ class Gateway:
             cache_bytes=cfg.cache_bytes,
             small_object=cfg.small_object,
             readahead=cfg.readahead,
+            workers=self.workers,
         )
         self.reader.follow(self.view.cached_files)
         self.committer = Committer(
@@ -121,6 +129,7 @@ class Gateway:
             max_rejections=cfg.max_rejections,
             budget=self.budget,
             conditional=self.conditional,
+            workers=self.workers,
         )
         self.rules = self.committer.rules
         self.renamer = Renamer(
@@ -226,7 +235,8 @@ class Gateway:
         store keeps each key in a local file: an open then only proves the file exists (the
         lookup did), and a read by path costs what a read by handle does. Reading 10k small
         files is then two FUSE calls each instead of four."""
-        return self.read_only and self.store.local_folder("") is not None
+        local = self.reader.local
+        return self.read_only and local is not None and local.local_folder("") is not None
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
         return self.calls.write(fh, data, offset)
@@ -334,7 +344,9 @@ class Gateway:
         self.store.refresh()
 
     def close(self) -> None:
-        """Commit what is still staged, then make the store durable and close it."""
+        """Commit what is still staged, stop every pool (once: the committer drained, so no
+        check is wanted any more; read-ahead fetches land first), then make the store durable
+        and close it."""
         for node in self.files.all_nodes():
             with node.lock:
                 # not a new file whose commit failed: its close() said so (FileCalls.release)
@@ -342,8 +354,9 @@ class Gateway:
                     with contextlib.suppress(Rejected):  # recorded; nothing more at shutdown
                         self.committer.commit_node(node)
         self.committer.close()
-        self.calls.unopened.close()
         self.reader.close()
+        self.workers.shutdown()
+        self.calls.unopened.close()
         self.store.close()
 
     def __enter__(self) -> Self:

@@ -2,6 +2,8 @@
 
 Queries answer ``None`` for an absent key (it is the hot path: every lookup, every probe);
 commands raise from the error tree. ``set`` is atomic: readers see the old or the new value.
+What only some stores can do (local files, conditional writes, ...) is no method here: those
+are the protocols of :mod:`n5fs.kvstore.abilities`, and a store's facts its ``traits``.
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 import abc
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound, ReadOnly
+from n5fs.kvstore.abilities import StoreTraits
 from n5fs.kvstore.keys import check_key, check_prefix
 
 if TYPE_CHECKING:
@@ -66,7 +69,8 @@ class KeyInfo:
 
 @dataclass(frozen=True, slots=True)
 class Versioned:
-    """A value and the version it was read at (what :meth:`KvStore.set_if` compares with)."""
+    """A value and the version it was read at (what
+    :meth:`~n5fs.kvstore.abilities.ConditionalWrites.set_if` compares with)."""
 
     data: bytes
     #: None where the store keeps no versions
@@ -111,6 +115,10 @@ def group_listing(infos: Iterable[KeyInfo], prefix: str, delimiter: str | None) 
     return Listing(tuple(keys), tuple(sorted(prefixes)))
 
 
+#: the traits of a store that says nothing else
+_PLAIN = StoreTraits()
+
+
 class KvStore(abc.ABC):
     """Bytes by key. Subclasses implement the abstract methods; the rest have defaults.
 
@@ -118,28 +126,17 @@ class KvStore(abc.ABC):
     ``self._key(key)`` first thing.
     """
 
-    writable: ClassVar[bool] = True
-    #: ``rename_prefix`` moves a whole folder in one atomic step (a directory on disk)
-    atomic_prefix_rename: ClassVar[bool] = False
-    #: ``list`` reports the mtimes ``set_mtime`` kept (S3 listings carry only LastModified:
-    #: there ``stat`` must be asked)
-    listing_mtimes: ClassVar[bool] = True
-    #: a prefix can exist with nothing under it (a directory on disk)
-    empty_prefixes: ClassVar[bool] = False
-    #: :meth:`stat` of one key costs less than listing its folder (a local disk: a few
-    #: ``lstat`` calls against a ``scandir`` and a ``stat`` per entry). A lookup of a file in
-    #: a folder not listed yet then asks ``stat``; on S3 one LIST answers every lookup of the
-    #: folder, cheaper than a HEAD per key
-    cheap_stat: ClassVar[bool] = False
-    #: one :meth:`walk` of a whole array costs less than listing its folders one by one (a
-    #: LIST request per folder on S3; a scan of every key per folder in memory): the gateway
-    #: then answers every folder of an array's chunk tree from one walk. A directory on disk
-    #: lists a folder with one ``scandir``, cheaper than walking the tree.
-    flat_listing_preferred: ClassVar[bool] = False
-    #: other writers may share this store and it can make writes conditional (S3, and the
-    #: memory store that stands for it in tests): a mount asks :meth:`probe_conditional_writes`
-    #: and warns when the answer is no. A local directory or a zip answers no quietly.
-    shared_versions: ClassVar[bool] = False
+    @property
+    def traits(self) -> StoreTraits:
+        """What this store is like (:class:`~n5fs.kvstore.abilities.StoreTraits`): a driver
+        sets it per class, a wrapper answers its inner store's."""
+        return _PLAIN
+
+    def has_ability(self, kind: type) -> bool:
+        """Does this store have the optional ability ``kind``, a protocol of
+        :mod:`n5fs.kvstore.abilities`? Ask through that module's functions. A driver has it
+        when it has the methods; a wrapper overrides this to answer for its inner store."""
+        return isinstance(self, kind)
 
     @property
     @abc.abstractmethod
@@ -153,15 +150,6 @@ class KvStore(abc.ABC):
     @abc.abstractmethod
     def set(self, key: str, value: bytes) -> None:
         """Store ``value`` atomically under ``key``."""
-
-    #: :meth:`set_parts` writes the parts as they are (no joined copy of the value first)
-    writes_parts: ClassVar[bool] = False
-
-    def set_parts(self, key: str, parts: Sequence[bytes | memoryview]) -> None:
-        """Store the concatenation of ``parts`` atomically under ``key``. A store that can
-        write them without joining them first (the file store: one ``write`` per part) says so
-        with :attr:`writes_parts`; the others store the joined value with :meth:`set`."""
-        self.set(key, b"".join(parts))
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:
@@ -273,45 +261,6 @@ class KvStore(abc.ABC):
         it cannot, or when something is there. The default: False (ask the listing)."""
         return False
 
-    def local_path(self, key: str) -> str | None:
-        """A path on this machine holding ``key``'s bytes, for readers that can ``pread`` it
-        through the page cache instead of copying it through :meth:`get`; None where the
-        store has no such file (the default: S3, zip, memory). The file may be replaced or
-        removed at any time: a reader opens it and keeps the descriptor (old bytes stay
-        readable, as on a local filesystem), and treats a failed open as "ask :meth:`get`"."""
-        return None
-
-    def local_folder(self, prefix: str) -> str | None:
-        """A directory on this machine whose entries are the keys directly below ``prefix``
-        (``""`` or ``"a/b/"``), no link on its path, for readers of many keys of one folder:
-        they open it once and each file relative to it (``openat`` with ``O_NOFOLLOW``), not
-        each path from the root. None where the store has none (the default), or where a link
-        is on the way (each key then goes to :meth:`local_path` or :meth:`get`)."""
-        return None
-
-    # -- conditional writes (many mounts of one bucket) ---------------------------------------
-
-    def get_versioned(self, key: str) -> Versioned | None:
-        """The value and its version, read together (one request on S3); None when absent.
-        Stores that keep no versions answer ``version=None``."""
-        data = self.get(key)
-        return None if data is None else Versioned(data, None)
-
-    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
-        """Store ``value`` only if ``key`` is at ``version`` now (``None``: only if absent),
-        atomically with the check; return the new version. Raises VersionConflict when
-        another writer got there first (S3: a 412 or 409 to ``If-Match``/``If-None-Match``),
-        NotSupported where the store cannot make the write conditional (the default)."""
-        from n5fs.errors import NotSupported
-
-        raise NotSupported(f"{type(self).__name__} has no conditional writes ({key!r})")
-
-    def probe_conditional_writes(self) -> str | None:
-        """None when :meth:`set_if` is honoured here, else why not (the mount logs it, ``n5fs
-        status`` shows it, and commits fall back to plain writes). S3 asks the endpoint: a
-        second create-only PUT of a scratch key must fail."""
-        return f"{type(self).__name__} has no conditional writes"
-
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         """Several gets; network drivers run them in parallel."""
         return {key: self.get(key) for key in keys}
@@ -373,5 +322,5 @@ class KvStore(abc.ABC):
         return check_key(key)
 
     def _check_writable(self, key: str) -> None:
-        if not self.writable:
+        if not self.traits.writable:
             raise ReadOnly(f"read-only store: cannot change {key!r}")

@@ -20,6 +20,7 @@ import threading
 import time
 
 from n5fs.errors import KeyNotFound, VersionConflict
+from n5fs.kvstore.abilities import StoreTraits
 from n5fs.kvstore.base import (
     ByteRange,
     KeyInfo,
@@ -36,12 +37,13 @@ _Entry = tuple[bytes, float]
 
 
 class MemoryStore(KvStore):
-    """Values live in a dict under ``path``; ``set`` copies, so callers may reuse buffers."""
+    """Values live in a dict under ``path``; ``set`` copies, so callers may reuse buffers.
+    Has :class:`~n5fs.kvstore.abilities.ConditionalWrites`."""
 
     spec_type = MemorySpec
-    #: every ``list`` scans every key: one walk of an array beats one scan per folder
-    flat_listing_preferred = True
-    shared_versions = True
+    #: every ``list`` scans every key: one walk of an array beats one scan per folder; it
+    #: stands for S3 in tests, versions and all (:class:`ConditionalWrites`)
+    traits = StoreTraits(flat_listing_preferred=True, shared_versions=True)
 
     def __init__(self, path: str = "") -> None:
         self._spec = MemorySpec(path=path)
@@ -101,6 +103,7 @@ class MemoryStore(KvStore):
             return self._version_locked(key, entry)
 
     def probe_conditional_writes(self) -> str | None:
+        """None: :meth:`set_if` checks and stores under one lock."""
         return None
 
     def delete(self, key: str) -> None:

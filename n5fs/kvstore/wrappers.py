@@ -1,18 +1,37 @@
-"""Cross-cutting behaviour as stores that wrap a store (not as flags inside drivers)."""
+"""Cross-cutting behaviour as stores that wrap a store (not as flags inside drivers).
+
+A wrapper is what it wraps, less what it changes: its ``traits`` are its inner store's (a
+read-only wrapper's are not writable), and it has an ability of :mod:`n5fs.kvstore.abilities`
+only where its inner store has it and it passes that ability on
+(:attr:`ForwardingStore.passes_on`). It carries the methods of every ability it may pass on,
+so ask for one through that module's functions, never by ``isinstance``. Wrappers hold no
+state of their own: no locks.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from n5fs.errors import ReadOnly
-from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned
+from n5fs.errors import NotSupported, ReadOnly
+from n5fs.kvstore.abilities import (
+    ConditionalWrites,
+    LocalFiles,
+    SettableDurability,
+    conditional_writes,
+    local_files,
+    settable_durability,
+)
+from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing
 from n5fs.kvstore.keys import check_key, check_prefix
 
 if TYPE_CHECKING:
     import os
     from collections.abc import Iterable, Iterator, Sequence
 
+    from n5fs.kvstore.abilities import Durability, StoreTraits
+    from n5fs.kvstore.base import Versioned
     from n5fs.kvstore.spec import StoreSpec
     from n5fs.kvstore.tempnames import Leftover
 
@@ -27,9 +46,20 @@ class ForwardingStore(KvStore):
     def spec(self) -> StoreSpec:
         return self.inner.spec
 
+    #: the abilities of the inner store this wrapper passes on (:mod:`n5fs.kvstore.abilities`):
+    #: it has the methods of each, which forward, and has the ability only where the inner
+    #: store has it. Not :class:`PartWrites`: a subclass that changes ``set`` (a double that
+    #: counts or fails writes) would be gone around; a wrapper writes a value whole.
+    passes_on: ClassVar[frozenset[type]] = frozenset(
+        {LocalFiles, ConditionalWrites, SettableDurability}
+    )
+
+    def has_ability(self, kind: type) -> bool:
+        return kind in self.passes_on and isinstance(self, kind) and self.inner.has_ability(kind)
+
     @property
-    def writable(self) -> bool:  # type: ignore[override]
-        return self.inner.writable
+    def traits(self) -> StoreTraits:
+        return self.inner.traits
 
     @property
     def root(self) -> Path | None:
@@ -37,30 +67,6 @@ class ForwardingStore(KvStore):
         gateway's ``statfs`` reports that filesystem's numbers, wrapped or not."""
         root = getattr(self.inner, "root", None)
         return root if isinstance(root, Path) else None
-
-    @property
-    def empty_prefixes(self) -> bool:  # type: ignore[override]
-        return self.inner.empty_prefixes
-
-    @property
-    def listing_mtimes(self) -> bool:  # type: ignore[override]
-        return self.inner.listing_mtimes
-
-    @property
-    def cheap_stat(self) -> bool:  # type: ignore[override]
-        return self.inner.cheap_stat
-
-    @property
-    def atomic_prefix_rename(self) -> bool:  # type: ignore[override]
-        return self.inner.atomic_prefix_rename
-
-    @property
-    def flat_listing_preferred(self) -> bool:  # type: ignore[override]
-        return self.inner.flat_listing_preferred
-
-    @property
-    def shared_versions(self) -> bool:  # type: ignore[override]
-        return self.inner.shared_versions
 
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         return self.inner.get(key, byte_range)
@@ -113,11 +119,41 @@ class ForwardingStore(KvStore):
     def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
         return self.inner.get_many(keys)
 
+    # -- abilities passed on (see :attr:`passes_on`) ------------------------------------------
+
     def local_path(self, key: str) -> str | None:
-        return self.inner.local_path(key)
+        files = local_files(self.inner)
+        return None if files is None else files.local_path(key)
 
     def local_folder(self, prefix: str) -> str | None:
-        return self.inner.local_folder(prefix)
+        files = local_files(self.inner)
+        return None if files is None else files.local_folder(prefix)
+
+    def get_versioned(self, key: str) -> Versioned | None:
+        return self._conditional().get_versioned(key)
+
+    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
+        return self._conditional().set_if(key, value, version=version)
+
+    def probe_conditional_writes(self) -> str | None:
+        writes = conditional_writes(self.inner)
+        if writes is None:
+            return f"{type(self.inner).__name__} has no conditional writes"
+        return writes.probe_conditional_writes()
+
+    def _conditional(self) -> ConditionalWrites:
+        writes = conditional_writes(self.inner)
+        if writes is None:
+            raise NotSupported(f"{type(self.inner).__name__} has no conditional writes")
+        return writes
+
+    def set_durability(self, durability: Durability) -> None:
+        inner = settable_durability(self.inner)
+        if inner is None:
+            raise NotSupported(f"{type(self.inner).__name__} has no durability to set")
+        inner.set_durability(durability)
+
+    # -- the rest of the contract --------------------------------------------------------------
 
     def nothing_at(self, key: str) -> bool:
         return self.inner.nothing_at(key)
@@ -130,15 +166,6 @@ class ForwardingStore(KvStore):
 
     def put_file_with_mtime(self, key: str, path: str | os.PathLike[str], mtime: float) -> bool:
         return self.inner.put_file_with_mtime(key, path, mtime)
-
-    def get_versioned(self, key: str) -> Versioned | None:
-        return self.inner.get_versioned(key)
-
-    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
-        return self.inner.set_if(key, value, version=version)
-
-    def probe_conditional_writes(self) -> str | None:
-        return self.inner.probe_conditional_writes()
 
     def fault_counters(self) -> dict[str, int]:
         return self.inner.fault_counters()
@@ -162,7 +189,14 @@ class ForwardingStore(KvStore):
 class ReadOnlyStore(ForwardingStore):
     """Every mutation raises :class:`ReadOnly` (EROFS); reads pass through."""
 
-    writable = False
+    def __init__(self, inner: KvStore) -> None:
+        super().__init__(inner)
+        self._traits = dataclasses.replace(inner.traits, writable=False)
+
+    @property
+    def traits(self) -> StoreTraits:
+        """The inner store's, not writable (made once: lookups ask on every call)."""
+        return self._traits
 
     def set(self, key: str, value: bytes) -> None:
         raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")

@@ -2,7 +2,8 @@
 
 Not product code: nothing under ``n5fs`` outside ``n5fs.testing`` imports this module. A double
 wraps a real store (:class:`~n5fs.kvstore.wrappers.ForwardingStore`) and changes only what a
-test asks for.
+test asks for, and passes on the abilities of the store it wraps as any wrapper does
+(:mod:`n5fs.kvstore.abilities`), except those a fault would be gone around by.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from n5fs.errors import N5fsError, StoreUnavailable
+from n5fs.kvstore.abilities import LocalFiles
 from n5fs.kvstore.wrappers import ForwardingStore
 
 if TYPE_CHECKING:
@@ -44,6 +46,9 @@ class FaultyStore(ForwardingStore):
         "get_versioned",
         "set_if",
     )
+    #: not :class:`~n5fs.kvstore.abilities.LocalFiles`: a reader of the local files would go
+    #: around the faults ``get`` injects
+    passes_on = ForwardingStore.passes_on - {LocalFiles}
 
     def __init__(self, inner: KvStore) -> None:
         super().__init__(inner)
@@ -87,14 +92,6 @@ class FaultyStore(ForwardingStore):
     def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
         self._maybe_fail("get", key)
         return super().get(key, byte_range)
-
-    def local_path(self, key: str) -> str | None:
-        """None: a reader of the local file would go around the faults ``get`` injects."""
-        return None
-
-    def local_folder(self, prefix: str) -> str | None:
-        """None, as :meth:`local_path`."""
-        return None
 
     def set(self, key: str, value: bytes) -> None:
         self._maybe_fail("set", key)

@@ -2,7 +2,8 @@
 
 A driver's test is a small subclass: a ``store`` fixture, and ``seed``/``peek`` that reach the
 backend natively (os, boto3, zipfile), so reads and writes are each tested alone. A backend that
-cannot do something says so with a class flag and the test skips with that reason.
+cannot do something says so with a class flag and the test skips with that reason; an ability
+it lacks (:mod:`n5fs.kvstore.abilities`) skips that ability's tests.
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ from n5fs.errors import (
     VersionConflict,
     errno_of,
 )
+from n5fs.kvstore.abilities import (
+    ConditionalWrites,
+    LocalFiles,
+    PartWrites,
+    SettableDurability,
+    conditional_writes,
+    has_ability,
+    part_writes,
+)
 from n5fs.kvstore.base import ByteRange, KvStore, Versioned
 from n5fs.kvstore.spec import parse_spec, parse_url
 from n5fs.kvstore.wrappers import ReadOnlyStore
@@ -34,6 +44,8 @@ if TYPE_CHECKING:
 
 KEYS = ["a", "x/0.0", "n5/0/1/2", "sp ace/ü+%=", ".zarray", "deep/a/b/c/d/e/f/attributes.json"]
 BAD_KEYS = ["../x", "/abs", "a//b", "a/./b", "a/../b", "a\x00b", "", "a/"]
+#: the optional abilities a store may have
+ABILITIES: tuple[type, ...] = (LocalFiles, ConditionalWrites, SettableDurability, PartWrites)
 #: a time set_mtime gives (2001-09-09, with a fraction every store can keep)
 MTIME = 1_000_000_000.25
 
@@ -114,18 +126,41 @@ class KvStoreContract(abc.ABC):
         assert store.get(key) == b"value two"
 
     def test_set_parts_stores_their_concatenation(self, store: KvStore) -> None:
-        """A commit hands a store the pieces a file was written in; whether it writes them as
-        they are or joins them, the value is their concatenation, replacing what was there."""
+        """A commit hands a store that writes parts the pieces a file was written in; the
+        value is their concatenation, replacing what was there. No wrapper claims the ability
+        (a wrapper writes a value whole, through its own ``set``)."""
+        assert part_writes(ReadOnlyStore(store)) is None
+        assert part_writes(FaultyStore(store)) is None
+        writer = part_writes(store)
+        if writer is None:
+            pytest.skip(f"{type(store).__name__} writes a value whole")
         big = bytes(range(256)) * 8192  # 2 MiB: the file store writes it in pieces
         parts: list[bytes | memoryview] = [b"head", memoryview(big)[1:], b"", memoryview(b"tail")]
         self.seed(store, "sp/k", b"old value")
-        store.set_parts("sp/k", parts)
+        writer.set_parts("sp/k", parts)
         store.flush()
         assert self.peek(store, "sp/k") == b"head" + big[1:] + b"tail"
         assert store.get("sp/k", ByteRange(4, 3)) == big[1:4]
-        with pytest.raises(ReadOnly):
-            ReadOnlyStore(store).set_parts("sp/k", [b"x"])
-        assert store.get("sp/k") == b"head" + big[1:] + b"tail"
+
+    # -- abilities (n5fs.kvstore.abilities) ------------------------------------------------------
+
+    @pytest.mark.parametrize("kind", ABILITIES, ids=lambda kind: kind.__name__)
+    def test_an_ability_is_claimed_only_where_its_methods_are(
+        self, store: KvStore, kind: type
+    ) -> None:
+        """A driver has an ability exactly when it has the methods; a wrapper never has one
+        its inner store lacks, and the fault double never passes on local files (a reader of
+        them would go around its faults)."""
+        has = has_ability(store, kind)
+        assert has is isinstance(store, kind)
+        for wrapper in (
+            ReadOnlyStore(store),
+            FaultyStore(store),
+            FaultyStore(ReadOnlyStore(store)),
+        ):
+            assert has or not has_ability(wrapper, kind), type(wrapper).__name__
+        assert not has_ability(FaultyStore(store), LocalFiles)
+        assert has_ability(ReadOnlyStore(store), LocalFiles) is has_ability(store, LocalFiles)
 
     def test_delete(self, store: KvStore) -> None:
         self.seed(store, "d/k", b"x")
@@ -340,75 +375,79 @@ class KvStoreContract(abc.ABC):
 
     # -- conditional writes (many mounts of one bucket) -------------------------------------
 
-    def _conditional_or_skip(self, store: KvStore) -> None:
-        reason = store.probe_conditional_writes()
+    def _conditional_or_skip(self, store: KvStore) -> ConditionalWrites:
+        writes = conditional_writes(store)
+        if writes is None:
+            pytest.skip(f"no conditional writes here: {type(store).__name__} has none")
+        reason = writes.probe_conditional_writes()
         if reason is not None:
             pytest.skip(f"no conditional writes here: {reason}")
+        return writes
 
     def test_create_only_twice_conflicts(self, store: KvStore) -> None:
-        self._conditional_or_skip(store)
-        first = store.set_if("cw/k", b"one", version=None)
+        cw = self._conditional_or_skip(store)
+        first = cw.set_if("cw/k", b"one", version=None)
         assert first is not None
         with pytest.raises(VersionConflict) as info:
-            store.set_if("cw/k", b"two", version=None)
+            cw.set_if("cw/k", b"two", version=None)
         assert errno_of(info.value) == errno.EAGAIN
         assert "cw/k" in str(info.value)
         store.flush()
         assert self.peek(store, "cw/k") == b"one"
 
     def test_if_match_current_version_succeeds_with_a_new_one(self, store: KvStore) -> None:
-        self._conditional_or_skip(store)
-        first = store.set_if("cw/k", b"one", version=None)
-        second = store.set_if("cw/k", b"two", version=first)
+        cw = self._conditional_or_skip(store)
+        first = cw.set_if("cw/k", b"one", version=None)
+        second = cw.set_if("cw/k", b"two", version=first)
         assert second is not None
         assert second != first
         store.flush()
         assert self.peek(store, "cw/k") == b"two"
-        assert store.get_versioned("cw/k") == Versioned(b"two", second)
-        assert store.set_if("cw/k", b"three", version=second) not in (first, second)
+        assert cw.get_versioned("cw/k") == Versioned(b"two", second)
+        assert cw.set_if("cw/k", b"three", version=second) not in (first, second)
 
     def test_stale_version_conflicts_and_keeps_the_value(self, store: KvStore) -> None:
-        self._conditional_or_skip(store)
-        first = store.set_if("cw/k", b"one", version=None)
-        store.set_if("cw/k", b"two", version=first)
+        cw = self._conditional_or_skip(store)
+        first = cw.set_if("cw/k", b"one", version=None)
+        cw.set_if("cw/k", b"two", version=first)
         with pytest.raises(VersionConflict) as info:
-            store.set_if("cw/k", b"three", version=first)
+            cw.set_if("cw/k", b"three", version=first)
         assert str(first) in str(info.value)
         store.flush()
         assert store.get("cw/k") == b"two"
         assert self.peek(store, "cw/k") == b"two"
 
     def test_another_writers_plain_write_makes_a_version_stale(self, store: KvStore) -> None:
-        self._conditional_or_skip(store)
+        cw = self._conditional_or_skip(store)
         self.seed(store, "cw/k", b"seeded")
-        read = store.get_versioned("cw/k")
+        read = cw.get_versioned("cw/k")
         assert read is not None
         assert read.data == b"seeded"
         self.seed(store, "cw/k", b"another writer's")
         with pytest.raises(VersionConflict):
-            store.set_if("cw/k", b"mine", version=read.version)
+            cw.set_if("cw/k", b"mine", version=read.version)
         assert self.peek(store, "cw/k") == b"another writer's"
 
     def test_if_match_of_an_absent_key_conflicts(self, store: KvStore) -> None:
-        self._conditional_or_skip(store)
-        version = store.set_if("cw/other", b"x", version=None)
+        cw = self._conditional_or_skip(store)
+        version = cw.set_if("cw/other", b"x", version=None)
         with pytest.raises(VersionConflict) as info:
-            store.set_if("cw/absent", b"x", version=version)
+            cw.set_if("cw/absent", b"x", version=version)
         assert "cw/absent" in str(info.value)
         store.delete("cw/other")
         with pytest.raises(VersionConflict):  # deleted since it was read
-            store.set_if("cw/other", b"y", version=version)
+            cw.set_if("cw/other", b"y", version=version)
         store.flush()
         assert self.peek(store, "cw/absent") is None
         assert self.peek(store, "cw/other") is None
 
     def test_read_version_is_the_listed_and_stat_etag(self, store: KvStore) -> None:
-        self._conditional_or_skip(store)
+        cw = self._conditional_or_skip(store)
         self.seed_many(store, [("cw/a", b"aaa"), ("cw/b", b"bb")])
-        written = store.set_if("cw/c", b"c", version=None)
+        written = cw.set_if("cw/c", b"c", version=None)
         versions = {}
         for key in ("cw/a", "cw/b", "cw/c"):
-            read = store.get_versioned(key)
+            read = cw.get_versioned(key)
             assert read is not None
             assert read.version is not None
             versions[key] = read.version
@@ -418,10 +457,11 @@ class KvStoreContract(abc.ABC):
         assert versions["cw/c"] == written
         assert {k.key: k.etag for k in store.list("cw/").keys} == versions
         assert {k.key: k.etag for k in store.walk("cw/")} == versions
-        assert store.get_versioned("cw/absent") is None
+        assert cw.get_versioned("cw/absent") is None
 
     def test_read_only_wrapper_refuses_conditional_writes(self, store: KvStore) -> None:
         ro = ReadOnlyStore(store)
+        assert (conditional_writes(ro) is None) is (conditional_writes(store) is None)
         with pytest.raises(ReadOnly):
             ro.set_if("cw/k", b"x", version=None)
         assert isinstance(ro.probe_conditional_writes(), str)

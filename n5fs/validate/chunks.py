@@ -11,9 +11,10 @@ machine with two cores both are busy, and on S3 the next listing page is in flig
 chunks are fetched. Batches start small and grow with the number of chunks seen, so a small
 array still spreads over every worker and a large one pays little per chunk.
 
-Why local reads: where the store keeps a folder on a local disk (:meth:`KvStore.local_folder`),
-a batch opens each of its folders once and reads every chunk relative to it, ``openat`` with
-``O_NOFOLLOW`` and one ``read`` of the size the listing gave, instead of ``get``'s full path
+Why local reads: where the store keeps a folder on a local disk
+(:meth:`~n5fs.kvstore.abilities.LocalFiles.local_folder`), a batch opens each of its folders
+once and reads every chunk relative to it, ``openat`` with ``O_NOFOLLOW`` and one ``read`` of
+the size the listing gave, instead of ``get``'s full path
 resolution and buffered file object, or a path resolved per chunk (two ``lstat`` calls and a
 walk of the path by the kernel: of the order of checking a small zstd chunk itself). A chunk that
 cannot be opened so (a link, gone) is asked of ``get``, which decides, as before, whether the
@@ -42,6 +43,7 @@ from itertools import groupby
 from typing import TYPE_CHECKING, TypeAlias
 
 from n5fs.errors import N5fsError, Rejected
+from n5fs.kvstore.abilities import local_files
 from n5fs.validate.report import Finding, finding
 
 if TYPE_CHECKING:
@@ -105,6 +107,8 @@ class ChunkChecker:
 
     def __init__(self, store: KvStore, report: Report, progress: Progress, jobs: int) -> None:
         self.store = store
+        #: the store's local files, if it has them (:mod:`n5fs.kvstore.abilities`)
+        self.local = local_files(store)
         self.report = report
         self.progress = progress
         self.jobs = max(1, jobs)
@@ -198,7 +202,7 @@ class ChunkChecker:
     ) -> None:
         """The chunks of ``folder`` that have a local file go to ``fetched``, the others (no
         local folder, a link, a file that cannot be read) to ``remote``: ``get`` decides."""
-        path = self.store.local_folder(folder)
+        path = None if self.local is None else self.local.local_folder(folder)
         try:
             directory = -1 if path is None else os.open(path, _DIR_FLAGS)
         except OSError:

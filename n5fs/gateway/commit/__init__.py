@@ -10,7 +10,8 @@ State this package owns:
   commits of one array run in parallel and a metadata commit excludes them;
 - the checks that run while a chunk is written (:mod:`~n5fs.gateway.commit.prevalidate`, fed
   by the streaming decoders of :mod:`~n5fs.gateway.commit.streamcheck`) and the pool that
-  validates the chunks a new metadata file makes chunks of (:mod:`~n5fs.gateway.commit.pool`);
+  validates the chunks a new metadata file makes chunks of (:mod:`~n5fs.gateway.commit.pool`),
+  both on pools of the gateway's :class:`~n5fs.workers.Workers`;
 - many mounts of one bucket: compare-and-swap metadata commits
   (:mod:`~n5fs.gateway.commit.conditional`) and consolidated documents kept true
   (:mod:`~n5fs.gateway.commit.consolidated`);

@@ -35,6 +35,7 @@ from n5fs.gateway.commit.ordering import ArrayOrder
 from n5fs.gateway.commit.prevalidate import Precheck, Prechecks
 from n5fs.gateway.commit.rules import UNREAD, CommitRules, Mode, Rejection, Unread
 from n5fs.gateway.read.byte_cache import Counters, version_of
+from n5fs.kvstore.abilities import part_writes
 from n5fs.kvstore.keys import basename
 from n5fs.locking import LEAF, assert_held, ranked_lock
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from n5fs.gateway.write.handles import Node
     from n5fs.gateway.write.staging import StagedFile, StagingBudget
     from n5fs.kvstore.base import KvStore
+    from n5fs.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -71,25 +73,30 @@ class Committer:
         max_rejections: int,
         budget: StagingBudget,
         conditional: Conditional,
+        workers: Workers,
     ) -> None:
         self.store = store
         self.detector = detector
         self.view = view
         self.reader = reader
         self.mode = mode
-        self.rules = CommitRules(store, detector)
+        self.rules = CommitRules(store, detector, workers)
         self.order = ArrayOrder()
         self.conditional = conditional
         self.keeper = ConsolidatedKeeper(
-            store, view.exists, self._written_by_keeper, conditional=conditional.in_force
+            store, view.exists, self._written_by_keeper, conditional=conditional.writes
         )
         self.budget = budget
+        #: the store as one that writes a value from its pieces, None where it joins them
+        self.part_writer = part_writes(store)
         self.counters = Counters("commits", "rejections", "bytes_in", "prechecked")
         #: chunk checks while writes arrive; none when nothing is validated
         self.prechecks = (
             None
             if mode is Mode.OFF
-            else Prechecks(self.rules.classifier, budget, max_bytes=MAX_VALIDATED_BYTES)
+            else Prechecks(
+                self.rules.classifier, budget, max_bytes=MAX_VALIDATED_BYTES, workers=workers
+            )
         )
         self._rejections: deque[Rejection] = deque(maxlen=max_rejections)
         #: (callback, told of its own writes?) - see :meth:`subscribe`
@@ -97,10 +104,10 @@ class Committer:
         self._lock = ranked_lock("rejections and subscribers", LEAF)
 
     def close(self) -> None:
-        """Stop the chunk-check workers (after the last commit)."""
+        """Start no more chunk checks (after the last commit); the gateway's workers stop
+        the threads."""
         if self.prechecks is not None:
             self.prechecks.close()
-        self.rules.close()
 
     # -- order ---------------------------------------------------------------------------------
 
@@ -233,7 +240,7 @@ class Committer:
                     pre=pre,
                     spilled=spilled,
                     mtime=node.mtime,
-                    parts=content.parts if self.store.writes_parts else None,
+                    parts=content.parts if self.part_writer is not None else None,
                 )
             except Rejected:
                 node.dirty = False
@@ -287,11 +294,12 @@ class Committer:
         if not self.versioned(key):
             self.validate(key, load, size, pre)
             if mtime is None:
-                pieces = parts() if parts is not None and spilled is None else None
+                writer = self.part_writer if parts is not None and spilled is None else None
+                pieces = parts() if writer is not None and parts is not None else None
                 if spilled is not None:
                     self.store.put_file(key, spilled)
-                elif pieces is not None:
-                    self.store.set_parts(key, pieces)
+                elif writer is not None and pieces is not None:
+                    writer.set_parts(key, pieces)
                 else:
                     self.store.set(key, load())
                 return None, None

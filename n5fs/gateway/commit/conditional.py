@@ -41,9 +41,12 @@ from typing import TYPE_CHECKING
 
 from n5fs.errors import StaleVersion, VersionConflict
 from n5fs.gateway.read.byte_cache import Counters
+from n5fs.kvstore.abilities import conditional_writes
+from n5fs.kvstore.base import Versioned
 
 if TYPE_CHECKING:
-    from n5fs.kvstore.base import KeyInfo, KvStore, Versioned
+    from n5fs.kvstore.abilities import ConditionalWrites
+    from n5fs.kvstore.base import KeyInfo, KvStore
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,12 @@ class Conditional:
 
     def __init__(self, store: KvStore, *, reason: str | None) -> None:
         self.store = store
+        #: the store's conditional writes while they are in force, else None
+        self.writes: ConditionalWrites | None = (
+            conditional_writes(store) if reason is None else None
+        )
+        if reason is None and self.writes is None:
+            reason = _lacking(store)
         #: None when conditional writes are in force, else why not
         self.reason = reason
         self.counters = Counters("conflicts", "conditional_commits")
@@ -69,11 +78,13 @@ class Conditional:
         a warning where other mounts may share the store and it said no."""
         if not wanted:
             return cls(store, reason="turned off (-o conditional=off)")
-        reason = store.probe_conditional_writes()
+        writes = conditional_writes(store)
+        reason = _lacking(store) if writes is None else writes.probe_conditional_writes()
         where = store.spec.to_url()
+        traits = store.traits
         if reason is None:
             log.info("conditional writes in force on %s: metadata commits compare-and-swap", where)
-        elif store.shared_versions and store.writable:  # a read-only mount commits nothing
+        elif traits.shared_versions and traits.writable:  # a read-only mount commits nothing
             log.warning("%s", cls(store, reason=reason).announcement())
         else:
             log.info("no conditional writes on %s (%s): single writer", where, reason)
@@ -97,8 +108,12 @@ class Conditional:
         return ABSENT if info is None else info.etag
 
     def current(self, key: str) -> Versioned | None:
-        """The stored value and version now, read past every cache."""
-        return self.store.get_versioned(key)
+        """The stored value and version now, read past every cache (no version where
+        conditional writes are not in force)."""
+        if self.writes is None:
+            data = self.store.get(key)
+            return None if data is None else Versioned(data, None)
+        return self.writes.get_versioned(key)
 
     def unchanged(self, key: str, base: str | None, current: Versioned | None, data: bytes) -> bool:
         """Check the commit's base against ``current``: True when ``data`` is what the store
@@ -115,17 +130,18 @@ class Conditional:
 
     def put(self, key: str, data: bytes, current: Versioned | None) -> str | None:
         """Write ``data`` if the key is still at ``current``; return the new version."""
-        if not self.in_force:
+        writes = self.writes
+        if writes is None:
             self.store.set(key, data)
             return None
         version = None if current is None else current.version
         try:
-            new = self.store.set_if(key, data, version=version)
+            new = writes.set_if(key, data, version=version)
         except VersionConflict:
             # Lost the race between the read and the write. Another writer storing these
             # very bytes is no conflict, as in :meth:`unchanged` (every node's zarr-python
             # writes the root's ``{}`` attributes where it saw none)
-            now = self.store.get_versioned(key)
+            now = writes.get_versioned(key)
             if now is not None and now.data == data:
                 return now.version
             raise self._stale(key, ABSENT if version is None else version, None) from None
@@ -143,3 +159,8 @@ class Conditional:
             fmt="",
             rule=STALE_RULE,
         )
+
+
+def _lacking(store: KvStore) -> str:
+    """Why a store without :class:`~n5fs.kvstore.abilities.ConditionalWrites` has none."""
+    return f"{type(store).__name__} has no conditional writes"

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from n5fs.formats.base import Consolidation
+    from n5fs.kvstore.abilities import ConditionalWrites
     from n5fs.kvstore.base import KvStore
 
 log = logging.getLogger(__name__)
@@ -60,12 +61,13 @@ class ConsolidatedKeeper:
         exists: Callable[[str], bool],
         on_write: Callable[[str, bytes, str | None], None],
         *,
-        conditional: bool = False,
+        conditional: ConditionalWrites | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store = store
         self._exists = exists
         self._on_write = on_write
+        #: the store's conditional writes while in force (each rewrite a compare-and-swap)
         self._conditional = conditional
         self._sleep = sleep
         self._lock = ranked_lock("consolidated metadata", CONSOLIDATED)
@@ -92,7 +94,7 @@ class ConsolidatedKeeper:
     def _keep(self, consolidation: Consolidation, doc_key: str, key: str, entry: Any) -> bool:
         if doc_key == key or not self._exists(doc_key):
             return False
-        if not self._conditional:
+        if self._conditional is None:
             return self._update(consolidation, doc_key, key, entry)
         pause = BACKOFF
         for attempt in range(ATTEMPTS):
@@ -118,8 +120,9 @@ class ConsolidatedKeeper:
     def _update(self, consolidation: Consolidation, doc_key: str, key: str, entry: Any) -> bool:
         """One read-merge-write; VersionConflict when another writer rewrote the document
         between the read and the write (conditional writes only)."""
-        if self._conditional:
-            got = self.store.get_versioned(doc_key)
+        writes = self._conditional
+        if writes is not None:
+            got = writes.get_versioned(doc_key)
             raw = got.data if got is not None else None
         else:
             got, raw = None, self.store.get(doc_key)
@@ -133,8 +136,8 @@ class ConsolidatedKeeper:
             return False  # already true: leave the bytes alone
         data = consolidation.serialize(new)
         version = None
-        if got is not None:
-            version = self.store.set_if(doc_key, data, version=got.version)
+        if writes is not None and got is not None:
+            version = writes.set_if(doc_key, data, version=got.version)
         else:
             self.store.set(doc_key, data)
         self._on_write(doc_key, data, version)

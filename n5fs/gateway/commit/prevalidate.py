@@ -21,7 +21,10 @@ written bytes, reserved from the staging budget, and waits while more than
 :data:`MAX_BACKLOG` bytes are queued (back-pressure: the decoder, not memory, sets the pace);
 a pool worker drains a few pieces at a time, decoding outside the lock; the commit (under
 the node lock, before the commit-order hold) waits until the worker is done. Nothing here
-takes a node, commit-order or cache lock, so waiting on a check cannot deadlock.
+takes a node, commit-order or cache lock, so waiting on a check cannot deadlock. The pool is
+the gateway's ``n5fs-check`` (:class:`~n5fs.workers.Workers`); :class:`Prechecks` keeps only a
+flag, ``_closed`` (set once, at close; read without a lock: a check started just before it is
+dropped like any other when the pool stops).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,16 +40,19 @@ from n5fs.formats.base import ArrayNode, Format, KeyKind
 from n5fs.formats.registry import METADATA_NAMES
 from n5fs.gateway.commit.streamcheck import ChunkParser, Unsure, parser_for
 from n5fs.kvstore.keys import basename
-from n5fs.locking import LEAF, OUTER_LEAF, assert_held, ranked_condition, ranked_lock
+from n5fs.locking import OUTER_LEAF, assert_held, ranked_condition
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from n5fs.classify import Classifier, Verdict
     from n5fs.gateway.write.staging import StagedFile, StagingBudget
+    from n5fs.workers import Workers
 
 log = logging.getLogger(__name__)
 
+#: the threads' name of the check pool (:class:`~n5fs.workers.Workers`)
+CHECK_POOL = "n5fs-check"
 #: a writer waits while this many of its bytes wait for the decoder
 MAX_BACKLOG = 8 << 20
 #: a worker decodes at most this many pieces of one check before letting others run
@@ -218,12 +223,15 @@ class ChunkCheck:
 class Prechecks:
     """Starts chunk checks for a gateway and runs them on a small pool of threads."""
 
-    def __init__(self, classifier: Classifier, budget: StagingBudget, *, max_bytes: int) -> None:
+    def __init__(
+        self, classifier: Classifier, budget: StagingBudget, *, max_bytes: int, workers: Workers
+    ) -> None:
         self.classifier = classifier
         self.budget = budget
         self.max_bytes = max_bytes
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = ranked_lock("chunk check pool", LEAF)
+        #: the check pool (its owner's): queued drains are dropped at shutdown (their commits
+        #: check in full)
+        self._pool = workers.pool(CHECK_POOL, min(4, os.cpu_count() or 1))
         self._closed = False
 
     def start(self, key: str, staged: StagedFile) -> None:
@@ -249,21 +257,16 @@ class Prechecks:
         return watcher.finish() if isinstance(watcher, ChunkCheck) else None
 
     def submit(self, job: Callable[[], None]) -> None:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("chunk checks are shut down")
-            if self._pool is None:
-                workers = min(4, os.cpu_count() or 1)
-                self._pool = ThreadPoolExecutor(workers, thread_name_prefix="n5fs-check")
-            self._pool.submit(job)
+        """Run ``job`` on the check pool; a RuntimeError once checks stopped (WorkersClosed
+        once the pool is shut down)."""
+        if self._closed:
+            raise RuntimeError("chunk checks are shut down")
+        self._pool.submit(job)
 
     def close(self) -> None:
-        """Stop the workers (queued drains are dropped; their commits check in full)."""
-        with self._lock:
-            self._closed = True
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Start no more checks (after the last commit). The pool's owner stops the workers:
+        queued drains are dropped there, running ones finish."""
+        self._closed = True
 
 
 def _no_content() -> bytes:

@@ -143,7 +143,7 @@ class Renamer:
                 for info in self.store.list(src + "/", delimiter=None).keys
             ]
             self._validate_moves(dst, moves)
-            if dst_attr is not None and self.store.empty_prefixes:
+            if dst_attr is not None and self.store.traits.empty_prefixes:
                 self.store.remove_prefix(dst)  # an empty folder is replaced, as rename(2) does
             self._move(src, dst, moves)
             self.view.note_moved_dir(src, dst, empty=not moves)
@@ -158,7 +158,7 @@ class Renamer:
         source metadata deleted, then the source chunks. A destination array appears only
         once every chunk sits under it; a source array stops being one before any of its
         chunks goes. A crash leaves at worst a complete copy and a metadata-less remnant."""
-        if self.store.atomic_prefix_rename:
+        if self.store.traits.atomic_prefix_rename:
             self.store.rename_prefix(src + "/", dst + "/")
             return
         meta = [(old, new) for old, new in moves if is_metadata(old)]

@@ -31,8 +31,11 @@ from n5fs.kvstore.keys import basename, folder_of
 if TYPE_CHECKING:
     from n5fs.gateway.commit.prevalidate import Precheck
     from n5fs.kvstore.base import KvStore
+    from n5fs.workers import Workers
 
 Loader = Callable[[], bytes]
+#: the threads' name of the pool that checks stored chunks under new metadata
+STORED_CHUNKS_POOL = "n5fs-stored-chunks"
 
 
 class Unread:
@@ -110,17 +113,14 @@ def _stored_chunk_problem(
 class CommitRules:
     """Classify and validate one key's new content against the store as it is now."""
 
-    def __init__(self, store: KvStore, detector: Detector) -> None:
+    def __init__(self, store: KvStore, detector: Detector, workers: Workers) -> None:
         self.store = store
         self.detector = detector
         self.classifier = Classifier(detector)
-        self._pool = OrderedPool(min(4, os.cpu_count() or 1), "n5fs-stored-chunks")
+        self._pool = OrderedPool(workers.pool(STORED_CHUNKS_POOL, min(4, os.cpu_count() or 1)))
         #: accept a chunk in its plain case with the streaming decoders before the full
         #: check (:func:`~n5fs.gateway.commit.prevalidate.passes`: same verdict, less work)
         self.streaming = True
-
-    def close(self) -> None:
-        self._pool.close()
 
     # -- entry point -------------------------------------------------------------------------
 

@@ -7,7 +7,8 @@ State this package owns:
   visible the moment the commit returns; directories that live only in the gateway (made by
   ``mkdir``, not yet holding a key); files being written shown beside what is stored;
 - the walks (:mod:`~n5fs.gateway.namespace.walks`): one flat listing of an array answers every
-  folder of its chunk tree where the store prefers that (S3, zip, memory), on a small pool;
+  folder of its chunk tree where the store prefers that (S3, zip, memory), on the gateway's
+  walk pool (:class:`~n5fs.workers.Workers`);
 - links (:mod:`~n5fs.gateway.namespace.links`): hdmf-zarr's same-store links shown as symlinks;
 - the control entries under ``/.n5fs/`` (:mod:`~n5fs.gateway.namespace.control`): what the
   mount reports about itself;

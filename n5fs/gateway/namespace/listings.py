@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from n5fs.detect import Detector
     from n5fs.gateway.write.handles import OpenFiles
     from n5fs.kvstore.base import KvStore
+    from n5fs.workers import Workers
 
 #: the listing of a folder that holds no key
 _EMPTY = DirEntries()
@@ -79,6 +80,7 @@ class NamespaceView:
         clock: Callable[[], float],
         writable: bool,
         control: Callable[[str], bytes],
+        workers: Workers,
         show_control: bool = False,
         flat_keys: int = 100_000,
     ) -> None:
@@ -91,9 +93,11 @@ class NamespaceView:
         # an expired listing that took a while to read answers while it is read again (not
         # in strict consistency, whose TTL of 0 asks the store on every lookup)
         self.listings: LoadingCache[DirEntries] = LoadingCache(
-            ttl, clock=clock, revalidate_after=SLOW_LISTING if ttl else None
+            ttl, clock=clock, revalidate_after=SLOW_LISTING if ttl else None, workers=workers
         )
-        self.walks = ArrayWalks(store, self.listings, budget=flat_keys, ttl=ttl, clock=clock)
+        self.walks = ArrayWalks(
+            store, self.listings, budget=flat_keys, ttl=ttl, clock=clock, workers=workers
+        )
         self._vdirs: set[str] = set()
         self._vlock = ranked_lock("virtual directories", LEAF)
 
@@ -184,7 +188,11 @@ class NamespaceView:
             return Attr(EntryKind.DIR, writable=self.writable)
         folder, name = folder_of(key), basename(key)
         listed = True
-        if self.store.cheap_stat and not self.listings.answers(folder) and not self._absent(folder):
+        if (
+            self.store.traits.cheap_stat
+            and not self.listings.answers(folder)
+            and not self._absent(folder)
+        ):
             # a local disk: the file alone, not a scandir and a stat of all its neighbours
             # (reading 10k of 51k chunks cold listed every folder of the tree, far behind a
             # passthrough); a name with nothing on disk is a miss without a listing
@@ -309,7 +317,7 @@ class NamespaceView:
         name = basename(key)
         folder = parent(key)
         self.listings.replace(dir_prefix(folder), lambda e: e.without_file(name))
-        if folder and not self.store.empty_prefixes:
+        if folder and not self.store.traits.empty_prefixes:
             with self._vlock:  # keep the directory visible: `rm d/f; rmdir d` must work
                 self._vdirs.add(folder)
 
@@ -336,7 +344,7 @@ class NamespaceView:
                 dst + v[len(src) :] if v == src or v.startswith(src + "/") else v
                 for v in self._vdirs
             }
-            if empty and not self.store.empty_prefixes:
+            if empty and not self.store.traits.empty_prefixes:
                 self._vdirs.add(dst)
         self.clear()
 

@@ -3,7 +3,7 @@
 Why: listed folder by folder, a chunk tree costs one LIST request per folder on S3 (a Zarr v2
 array of 51,200 chunks in 1,641 folders: 1,641 requests, each as slow as a page of 1,000
 keys); a flat (delimiter-less) listing of the array answers up to 1,000 keys of any folders
-per request. Stores say whether they prefer it (``KvStore.flat_listing_preferred``: S3, zip,
+per request. Stores say whether they prefer it (``StoreTraits.flat_listing_preferred``: S3, zip,
 memory; not a directory on disk, where one ``scandir`` lists a folder).
 
 How (:class:`ArrayWalks`):
@@ -37,7 +37,9 @@ State and locks: a table of walks under ``_lock``; each walk's plan and parts un
 condition; taken in that order, then the listings cache's lock (a batch), and held for
 table and progress updates only, never around store I/O. A waiter holds none of them while
 it waits (the condition's wait releases it); the workers take no other locks, so a waiter
-can never block a worker.
+can never block a worker. The workers are the gateway's ``n5fs-walk`` pool
+(:class:`~n5fs.workers.Workers`): started at the first walk, stopped by the gateway's close
+(queued parts dropped; once it is shut, folders are listed alone).
 """
 
 from __future__ import annotations
@@ -46,7 +48,6 @@ import logging
 import math
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING
@@ -61,12 +62,15 @@ if TYPE_CHECKING:
     from n5fs.formats.base import ArrayNode
     from n5fs.kvstore.base import KvStore
     from n5fs.singleflight import Batch, LoadingCache
+    from n5fs.workers import Workers
 
 log = logging.getLogger(__name__)
 
 #: the most keys one listing request answers (S3's cap; the S3 driver asks for pages of it)
 PAGE = 1000
-#: parallel walkers per gateway (two saturate a local moto server; S3 likes more)
+#: the walk pool (:class:`~n5fs.workers.Workers`): its threads' name, and parallel walkers per
+#: gateway (two saturate a local moto server; S3 likes more)
+WALK_POOL = "n5fs-walk"
 WORKERS = 4
 #: parts walked ahead of a needed one, in key order and in grid order each
 AHEAD = 1
@@ -157,6 +161,7 @@ class ArrayWalks:
         budget: int,
         ttl: float | None,
         clock: Callable[[], float],
+        workers: Workers,
     ) -> None:
         self.store = store
         self.listings = listings
@@ -165,13 +170,19 @@ class ArrayWalks:
         self._clock = clock
         self._walks: dict[str, _Walk] = {}
         self._lock = ranked_lock("walks", LEAF)
-        self._pool: ThreadPoolExecutor | None = None
+        #: the walk pool (its owner's): queued walks are dropped at shutdown (their waiters
+        #: wait with a deadline, then list their folders alone)
+        self._pool = workers.pool(WALK_POOL, WORKERS)
         self._page_seconds: float | None = None  # a page of a walk takes this long (average)
         self.started = 0  # plans made (stats, tests)
 
     @property
     def enabled(self) -> bool:
-        return self.budget > 0 and self.store.flat_listing_preferred
+        """Walks answer misses: the store prefers them, and the pool is not shut down (then
+        every folder is listed alone)."""
+        return (
+            self.budget > 0 and self.store.traits.flat_listing_preferred and not self._pool.closed
+        )
 
     def wait_for(self, array: str, folder: str, node: ArrayNode | None) -> None:
         """Return once the walk of ``array`` has answered ``folder`` (start what it needs),
@@ -227,11 +238,7 @@ class ArrayWalks:
         return walk
 
     def _submit(self, job: Callable[..., None], *args: object) -> None:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="n5fs-walk")
-            pool = self._pool
-        pool.submit(job, *args)
+        self._pool.submit(job, *args)
 
     # -- the workers ---------------------------------------------------------------------------
 

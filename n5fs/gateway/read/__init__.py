@@ -17,6 +17,7 @@ State this package owns:
 Locks: every lock here is a *leaf* of the gateway's lock order (see :mod:`n5fs.gateway`):
 held for dictionary and counter work only, never around store I/O, and no other lock is taken
 under one, except that a new read flight reserves its bytes in the byte cache under the
-flight table's lock (an outer leaf, :data:`~n5fs.locking.OUTER_LEAF`). Callers may hold a node lock or a commit-order hold while reading; fetches run on
-the read-ahead pool, which takes no gateway lock.
+flight table's lock (an outer leaf, :data:`~n5fs.locking.OUTER_LEAF`). Callers may hold a node
+lock or a commit-order hold while reading; fetches run on the read-ahead pool (the gateway's
+``n5fs-read``, :class:`~n5fs.workers.Workers`), which takes no gateway lock.
 """

@@ -32,9 +32,12 @@ the namespace's cached listings); without one there is no read-ahead.
 
 Lock discipline: ``Flights._lock`` guards the flight table and is held for table work only; it
 may take the byte cache's lock inside it (a leaf, :mod:`n5fs.gateway.read.byte_cache`), never the
-reverse, so it ranks as an outer leaf (:data:`~n5fs.locking.OUTER_LEAF`). ``Prefetcher._lock`` guards the folder windows, the stride guess, the sorted-name
-memo and the in-flight budget; it is a leaf, never held around a store call or a listing lookup. Store I/O
-runs with no lock held, on the caller's thread or the pool's.
+reverse, so it ranks as an outer leaf (:data:`~n5fs.locking.OUTER_LEAF`). ``Prefetcher._lock``
+guards the folder windows, the stride guess, the sorted-name memo and the in-flight budget; it
+is a leaf, never held around a store call, a listing lookup or a submit to the pool. Store I/O
+runs with no lock held, on the caller's thread or the pool's. The pool is the gateway's
+(:class:`~n5fs.workers.Workers`, ``n5fs-read``): started at the first fetch ahead, drained and
+stopped by the owner's shutdown.
 """
 
 from __future__ import annotations
@@ -42,7 +45,6 @@ from __future__ import annotations
 import bisect
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 
     from n5fs.gateway.read.byte_cache import ByteLRU, Ticket, Version
     from n5fs.kvstore.base import KeyInfo
+    from n5fs.workers import Pool
 
 log = logging.getLogger(__name__)
 
@@ -188,13 +191,14 @@ class Prefetcher:
         objects: int,
         max_bytes: int,
         small_object: int,
-        workers: int,
+        pool: Pool,
     ) -> None:
         self.flights = flights
         self.objects = objects
         self.max_bytes = max_bytes
         self.small_object = small_object
-        self.workers = workers
+        #: the read pool (its owner's: :class:`~n5fs.workers.Workers`), drained at shutdown
+        self._pool = pool
         #: the folder's files (the namespace's cached listing); set by the gateway
         self.listing: Callable[[str], Mapping[str, KeyInfo] | None] | None = None
         self._windows: dict[str, _Window] = {}
@@ -202,7 +206,6 @@ class Prefetcher:
         self._names: dict[str, tuple[Mapping[str, KeyInfo], list[str]]] = {}
         self._in_flight = 0
         self._in_flight_bytes = 0
-        self._executor: ThreadPoolExecutor | None = None
         self._closed = False
         self._lock = ranked_lock("read-ahead", LEAF)
         self._landed = threading.Condition(self._lock)
@@ -285,15 +288,14 @@ class Prefetcher:
                 return
             self._in_flight += 1
             self._in_flight_bytes += info.size
-            executor = self._pool_locked()
         flight = self.flights.start(info.key, version)
         if flight is None:
             self._done(info.size)
             return
         self.started += 1
         try:
-            executor.submit(self._run, info.key, info.size, flight)
-        except RuntimeError:  # shut down meanwhile: the flight must still land
+            self._pool.submit(self._run, info.key, info.size, flight)
+        except RuntimeError:  # shut down meanwhile (WorkersClosed): the flight must still land
             self._run(info.key, info.size, flight)
 
     def _run(self, key: str, size: int, flight: Flight) -> None:
@@ -319,19 +321,15 @@ class Prefetcher:
         with self._lock:
             return self._in_flight, self._in_flight_bytes
 
-    def _pool_locked(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="n5fs-read")
-        return self._executor
-
-    def pool(self) -> ThreadPoolExecutor | None:
+    def pool(self) -> Pool | None:
         """The bounded pool (for ranged reads too); None once closed."""
         with self._lock:
-            return None if self._closed else self._pool_locked()
+            closed = self._closed
+        return None if closed or self._pool.closed else self._pool
 
     def close(self) -> None:
+        """No read-ahead starts from now on. The fetches queued or running finish on the
+        pool, whose owner's shutdown waits for them (the pool drains: their flights must
+        land, a reader may be waiting on one)."""
         with self._lock:
             self._closed = True
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True)  # queued fetches run: their flights must land

@@ -8,7 +8,7 @@ objects in listing order gets the next ones fetched ahead into the same LRU, on 
 (:mod:`n5fs.gateway.read.prefetch`; the gateway tells :meth:`ObjectReader.follow` where folder
 listings come from). Prefetched bytes count against ``cache_bytes`` like any other.
 
-Where the store keeps a key in a local file (:meth:`~n5fs.kvstore.base.KvStore.local_path`:
+Where the store keeps a key in a local file (:meth:`~n5fs.kvstore.abilities.LocalFiles.local_path`:
 the file store), a read-only handle opens that file once and every read is one ``pread`` on
 its descriptor (:class:`LocalFile`): no Python byte cache on top of the page cache that holds
 the file already, no listing lookup per 128 KiB piece. The descriptor keeps the inode it
@@ -57,21 +57,26 @@ from typing import TYPE_CHECKING
 from n5fs.errors import KeyNotFound
 from n5fs.gateway.read.byte_cache import ByteLRU, Counters, Stamp, Version
 from n5fs.gateway.read.prefetch import Flights, Prefetcher
+from n5fs.kvstore.abilities import local_files
 from n5fs.kvstore.base import ByteRange
 from n5fs.kvstore.keys import basename, folder_of
 from n5fs.malloc import map_large_buffers
+from n5fs.workers import Workers
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from concurrent.futures import Future
 
+    from n5fs.kvstore.abilities import LocalFiles
     from n5fs.kvstore.base import KeyInfo, KvStore
 
 _FIRST_READAHEAD = 1 << 20
 #: a read-ahead window is fetched as ranges of at least this many bytes, at most _PARTS of them
 _MIN_PART = 1 << 20
 _PARTS = 4
-#: fetches on the read pool at once (whole objects ahead, ranges of large objects)
+#: the read pool (:class:`~n5fs.workers.Workers`): its threads' name, and how many fetches
+#: run on it at once (whole objects ahead, ranges of large objects)
+READ_POOL = "n5fs-read"
 READ_WORKERS = 4
 #: objects of a folder fetched ahead of a reader that follows its listing order
 AHEAD_OBJECTS = 4
@@ -130,11 +135,17 @@ class ObjectReader:
         cache_bytes: int,
         small_object: int,
         readahead: int,
-        workers: int = READ_WORKERS,
         ahead_objects: int = AHEAD_OBJECTS,
+        workers: Workers | None = None,
     ) -> None:
+        """``workers``: whose threads read ahead (a gateway's); None: a :class:`Workers` of
+        the reader's own, shut down by :meth:`close`."""
         map_large_buffers()
+        self._own_workers = workers is None
+        self.workers = Workers() if workers is None else workers
         self.store = store
+        #: the store's local files (:class:`~n5fs.kvstore.abilities.LocalFiles`), if it has them
+        self.local = local_files(store)
         self.cache = ByteLRU(cache_bytes)
         self.small_object = small_object
         self.max_readahead = readahead
@@ -145,7 +156,7 @@ class ObjectReader:
             objects=ahead_objects,
             max_bytes=min(cache_bytes // 4, ahead_objects * min(small_object, 8 << 20)),
             small_object=small_object,
-            workers=workers,
+            pool=self.workers.pool(READ_POOL, READ_WORKERS, drain=True),
         )
 
     def follow(self, listing: Callable[[str], Mapping[str, KeyInfo] | None]) -> None:
@@ -154,8 +165,11 @@ class ObjectReader:
         self.prefetcher.listing = listing
 
     def close(self) -> None:
-        """Stop reading ahead; waits for the fetches in flight."""
+        """Stop reading ahead. The fetches in flight land before the read pool stops: at
+        once here when the reader owns its workers, else at their owner's shutdown."""
         self.prefetcher.close()
+        if self._own_workers:
+            self.workers.shutdown()
 
     @property
     def store_reads(self) -> int:
@@ -180,13 +194,16 @@ class ObjectReader:
 
         The file is opened below its checked folder with ``O_NOFOLLOW`` (one ``lstat`` of the
         folder, no ``lstat`` of the file first: every read-only open passes here); a link at
-        the name, or on the folder's path, goes to :meth:`KvStore.local_path`, which decides
+        the name, or on the folder's path, goes to :meth:`LocalFiles.local_path`, which decides
         (the file store follows a link at the name to a file inside the root, never one on
         the folder's path). ``O_NONBLOCK``: a FIFO planted at a chunk's name is refused by
         the ``fstat`` below instead of blocking a FUSE thread in ``open``."""
-        fd = self._open_below_folder(key)
+        files = self.local
+        if files is None:
+            return None
+        fd = self._open_below_folder(files, key)
         if fd is None:
-            path = self.store.local_path(key)
+            path = files.local_path(key)
             if path is None:
                 return None
             try:
@@ -204,11 +221,11 @@ class ObjectReader:
         self.counters.add("store_reads")
         return LocalFile(fd, (st.st_ino, st.st_size, st.st_mtime_ns), st.st_size)
 
-    def _open_below_folder(self, key: str) -> int | None:
+    def _open_below_folder(self, files: LocalFiles, key: str) -> int | None:
         """``key`` opened relative to its checked folder without following a link at its
         name; None where that cannot say (no local folder, a link, a miss: the caller asks
-        :meth:`KvStore.local_path`, which answers a miss with None too)."""
-        folder = self.store.local_folder(folder_of(key))
+        :meth:`LocalFiles.local_path`, which answers a miss with None too)."""
+        folder = files.local_folder(folder_of(key))
         if folder is None:
             return None
         try:

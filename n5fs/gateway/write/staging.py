@@ -462,8 +462,9 @@ class StagedFile:
 
     def parts(self) -> list[memoryview] | None:
         """The whole content as the pieces it was written in, without a copy, for a store
-        that writes parts (:meth:`~n5fs.kvstore.base.KvStore.set_parts`); None when it is
-        not held that way (spilled, or zeros past what was written: use :meth:`getvalue`)."""
+        that writes parts (:meth:`~n5fs.kvstore.abilities.PartWrites.set_parts`); None when
+        it is not held that way (spilled, or zeros past what was written: use
+        :meth:`getvalue`)."""
         self._materialize()
         overlay = self._overlay
         if not isinstance(overlay, _Memory) or overlay.held != self._size:

@@ -6,8 +6,9 @@ file exports (``__all__``), and the modules are named by what they own because t
 their attributes (``store.MAX_UNSYNCED``, ``store.sync_filesystem``), docstrings cite them and
 log records carry their names. Nothing outside the package imports them, tests aside.
 
-- ``store``: :class:`FileStore` and :class:`Durability`: keys to paths, symlink rules, when
-  each write is made durable;
+- ``store``: :class:`FileStore`: keys to paths, symlink rules, when each write is made
+  durable (:class:`Durability`, the vocabulary of :mod:`n5fs.kvstore.abilities`, is
+  exported here too);
 - ``localio``: POSIX primitives: atomic replacement, fsync of files and folders, copies that
   keep holes;
 - ``localwalk``: the flat listing of a folder tree, relative to each folder's descriptor.

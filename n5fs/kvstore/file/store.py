@@ -33,7 +33,6 @@ keep holes) are :mod:`~n5fs.kvstore.file.localio`; this module decides when each
 from __future__ import annotations
 
 import contextlib
-import enum
 import errno
 import logging
 import operator
@@ -52,6 +51,7 @@ from n5fs.errors import (
     NotAPrefix,
     PrefixNotEmpty,
 )
+from n5fs.kvstore.abilities import Durability, StoreTraits
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
 from n5fs.kvstore.file.localio import (
     atomic_writer,
@@ -102,21 +102,17 @@ _DIR_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 MAX_WARNED_LINKS = 1000
 
 
-class Durability(str, enum.Enum):
-    """When a ``set`` of the file store is on disk (atomic either way: temp + rename)."""
-
-    #: every set/put_file fsyncs its file and its folder before it returns
-    COMMIT = "commit"
-    #: sets are durable at the next :meth:`FileStore.flush` (a mount's fsync, unmount)
-    FSYNC = "fsync"
-
-
 class FileStore(KvStore):
-    """Keys are files under ``root``; a prefix with nothing under it may exist (a directory)."""
+    """Keys are files under ``root``; a prefix with nothing under it may exist (a directory).
+
+    Abilities (:mod:`n5fs.kvstore.abilities`): :class:`LocalFiles`,
+    :class:`SettableDurability`, :class:`PartWrites`; no conditional writes.
+    """
 
     spec_type = FileSpec
-    empty_prefixes = True
-    atomic_prefix_rename = True
+    #: a folder is a directory (it may be empty, and moves in one ``rename``); a ``stat``
+    #: costs a few ``lstat`` calls, less than listing the folder
+    traits = StoreTraits(atomic_prefix_rename=True, empty_prefixes=True, cheap_stat=True)
 
     def __init__(
         self, root: str | os.PathLike[str], *, durability: Durability = Durability.COMMIT
@@ -128,6 +124,7 @@ class FileStore(KvStore):
         #: re-checked at each use; one ``get`` or item set at a time (atomic), emptied by
         #: replacing the dict when full: no lock
         self._folders: dict[str, tuple[int, int]] = {}
+        #: when a set is on disk (:meth:`set_durability`)
         self.durability = Durability(durability)
         self._unsynced: dict[str, None] = {}  # paths set since the last flush (FSYNC), in order
         self._untracked = 0  # sets past MAX_UNSYNCED: the next flush syncs the filesystem
@@ -302,8 +299,6 @@ class FileStore(KvStore):
         self._folders[folder] = (st.st_dev, st.st_ino)
         return path
 
-    cheap_stat = True
-
     def stat(self, key: str) -> KeyInfo | None:
         """A key as :meth:`list` shows it (a temp file of a writer is none), found by
         :meth:`_resolve` (two ``lstat`` calls where no link is involved)."""
@@ -457,7 +452,7 @@ class FileStore(KvStore):
         two ``lstat`` calls: a commit of a small chunk paid as much for a ``realpath`` and a
         ``makedirs`` as for writing its bytes. Anything else takes the full check."""
         real_root = self._real_root
-        if real_root is not None and self.writable:
+        if real_root is not None and self.traits.writable:
             path = self._entry_path(real_root, key)
             if path is not None and path is not _LINKED:
                 try:
@@ -479,8 +474,6 @@ class FileStore(KvStore):
         if os.path.isdir(path):
             raise IsAPrefix(f"cannot store {key!r}: it is a folder with keys under it")
         return path
-
-    writes_parts = True
 
     def set(self, key: str, value: bytes) -> None:
         self.set_parts(key, (value,))
@@ -544,6 +537,11 @@ class FileStore(KvStore):
                 self._unsynced = {**dict.fromkeys(paths), **self._unsynced}
                 self._untracked += untracked
             raise
+
+    def set_durability(self, durability: Durability) -> None:
+        """Sets from now on are durable as ``durability`` says (a mount's ``-o durable=``).
+        Sets already waiting for a flush still wait for it."""
+        self.durability = Durability(durability)
 
     @property
     def unsynced(self) -> int:

@@ -34,7 +34,7 @@ from n5fs.kvstore.s3.errors import ABSENT, CONFLICT
 from n5fs.kvstore.tempnames import Leftover
 
 if TYPE_CHECKING:
-    from n5fs.kvstore.base import KvStore
+    from n5fs.kvstore.s3.store import S3Store
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +92,10 @@ def scratch_leftover(key: str, size: int, mtime: float) -> Leftover | None:
     )
 
 
-def probe(store: KvStore) -> str | None:
+def probe(store: S3Store) -> str | None:
     """None when ``store`` refuses conditional writes that would overwrite, else why not (a
     line for the log and ``n5fs status``). Never raises; removes its scratch object."""
-    if not store.writable:
+    if not store.traits.writable:
         return "read-only store: conditional writes not probed"
     key = scratch_key()
     try:
@@ -109,7 +109,7 @@ def probe(store: KvStore) -> str | None:
             log.warning("could not remove the probe object %r (a sweep will): %s", key, exc)
 
 
-def _ask(store: KvStore, key: str) -> str | None:
+def _ask(store: S3Store, key: str) -> str | None:
     store.set_if(key, b"", version=None)
     if _accepted(store, key, None):
         return "the endpoint ignored If-None-Match: a second create-only PUT succeeded"
@@ -118,7 +118,7 @@ def _ask(store: KvStore, key: str) -> str | None:
     return None
 
 
-def _accepted(store: KvStore, key: str, version: str | None) -> bool:
+def _accepted(store: S3Store, key: str, version: str | None) -> bool:
     try:
         store.set_if(key, b"probe", version=version)
     except VersionConflict:

@@ -45,6 +45,7 @@ from boto3.exceptions import S3UploadFailedError
 from botocore import exceptions as bce
 
 from n5fs.errors import InvalidSource, KeyNotFound, N5fsError, NotSupported, StoreUnavailable
+from n5fs.kvstore.abilities import StoreTraits
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned, slice_bytes
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix
 from n5fs.kvstore.s3 import conditional, integrity, retries, uploads
@@ -91,15 +92,18 @@ Args = dict[str, Any]  # a request's parameters
 
 
 class S3Store(KvStore):
-    """An S3 bucket and prefix. ``get_many`` and multipart parts share one bounded pool."""
+    """An S3 bucket and prefix, with :class:`~n5fs.kvstore.abilities.ConditionalWrites`.
+
+    ``get_many``, multipart parts and ``copy_many`` share one bounded pool of the store's own
+    (``n5fs-s3``): the store lives below the gateway and is used without one (``validate``,
+    the CLI), so its threads are its own, started at first use and shut down by ``close``.
+    """
 
     spec_type: ClassVar[type[S3Spec]] = S3Spec
-    #: a LIST carries LastModified, not the ``mtime`` metadata: ``stat`` reports that
-    listing_mtimes: ClassVar[bool] = False
-    #: one request per folder is the cost of a chunk tree listed folder by folder; a walk
-    #: answers 1,000 keys of any folders per request
-    flat_listing_preferred: ClassVar[bool] = True
-    shared_versions: ClassVar[bool] = True
+    #: a LIST carries LastModified, not the ``mtime`` metadata: ``stat`` reports that. One
+    #: request per folder is the cost of a chunk tree listed folder by folder; a walk answers
+    #: 1,000 keys of any folders per request. Many mounts may share a bucket.
+    traits = StoreTraits(listing_mtimes=False, flat_listing_preferred=True, shared_versions=True)
 
     def __init__(
         self,

@@ -33,6 +33,7 @@ import time
 from typing import TYPE_CHECKING, ClassVar
 
 from n5fs.errors import InvalidKey, KeyNotFound, ReadOnly, StoreCorrupt
+from n5fs.kvstore.abilities import StoreTraits
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, group_listing
 from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix, split_path
 from n5fs.kvstore.registry import open_spec
@@ -58,11 +59,15 @@ class ZipStore(KvStore):
     Thread-safe: one condition guards the index and the overlay; a flush swaps the archive
     only while no read of the old one is in flight. The store owns ``base`` (``close``
     closes it).
+
+    It has none of the abilities of :mod:`n5fs.kvstore.abilities`, whatever ``base`` has: a
+    member is no file of the base (no :class:`LocalFiles`), and a flush replaces the whole
+    archive (no per-key conditional writes, durability or part writes).
     """
 
     spec_type: ClassVar[type[ZipSpec]] = ZipSpec
     #: the index is in memory: one walk of an array answers all its folders at once
-    flat_listing_preferred: ClassVar[bool] = True
+    traits = StoreTraits(flat_listing_preferred=True)
 
     def __init__(
         self,
@@ -216,7 +221,7 @@ class ZipStore(KvStore):
     # -- commands ---------------------------------------------------------------------------
 
     def _check_writable(self, key: str) -> None:
-        if not self.base.writable:
+        if not self.base.traits.writable:
             raise ReadOnly(f"{self._where} sits on a read-only store: cannot change {key!r}")
 
     def _check_name(self, key: str) -> str:
