@@ -24,7 +24,7 @@ import zarr
 from n5fs.cli.main import main
 from n5fs.codecs.n5_header import decode_header
 from n5fs.views import parse_view
-from tests.test_views import copy_out, view_of, walk
+from tests.gateway.test_views import copy_out, view_of, walk
 from tests.writers import ramp, tensorstore_zarr3
 
 BIG = zarr.codecs.BytesCodec(endian="big")

@@ -21,7 +21,7 @@ from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.testing.doubles import FaultyStore
-from tests.test_gateway_many_mounts import Clock, doc, zarray
+from tests.gateway.test_gateway_many_mounts import Clock, doc, zarray
 
 
 @pytest.fixture(params=["memory", "file"])

@@ -21,7 +21,7 @@ from n5fs.gateway.commit.conditional import STALE_RULE
 from n5fs.gateway.commit.consolidated import ATTEMPTS, MAX_PAUSE
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.validate import Validator
-from tests.test_gateway_races import ZARRAY, HookedStore, result
+from tests.gateway.test_gateway_races import ZARRAY, HookedStore, result
 
 
 class Clock:
