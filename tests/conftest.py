@@ -8,6 +8,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import boto3
 import pytest
@@ -19,6 +20,10 @@ from n5fs.testing.moto_server import moto_server
 pytest_plugins = ("tests.mounting",)
 
 _S3_ENDPOINTS: list[str] = []
+
+# the tiers that never mount: a `fuse` test in one of them is filed in the wrong folder
+_NO_MOUNT_TIERS = ("unit", "gateway")
+_TESTS = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,22 @@ def s3_bucket(s3_server: S3Server) -> str:
     name = f"test-{uuid.uuid4().hex[:16]}"
     s3_server.client().create_bucket(Bucket=name)
     return name
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse a `fuse` test under tests/unit/ or tests/gateway/: those tiers run without
+    /dev/fuse, and a mounting test belongs in tests/mount/."""
+    misfiled = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("fuse") is not None
+        and item.path.resolve().is_relative_to(_TESTS)
+        and item.path.resolve().relative_to(_TESTS).parts[0] in _NO_MOUNT_TIERS
+    ]
+    if misfiled:
+        raise pytest.UsageError(
+            "fuse tests outside tests/mount/ (move the file there): " + ", ".join(misfiled)
+        )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

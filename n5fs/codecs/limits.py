@@ -10,7 +10,7 @@ returns and ``cp`` writes one file at a time). Fed in 64 KiB slices, ISA-L (SIMD
 decoding) inflates more input per second of a thread's CPU than zlib and than zlib-ng (the
 previous choice), on blocks Python's zlib wrote and on those TensorStore writes alike (the
 figures are in ``docs/performance.md``). ISA-L checks the same headers,
-checksums and lengths as zlib (``tests/test_inflate.py`` holds them to zlib's verdicts),
+checksums and lengths as zlib (``tests/unit/test_inflate.py`` holds them to zlib's verdicts),
 keeps the input an output limit left over in ``unconsumed_tail``, and releases the GIL per
 call.
 Encoding stays on :mod:`zlib`, whose output other tools' tests expect.

@@ -243,7 +243,7 @@ def test_utimens_keeps_the_modification_time(store):
 @pytest.mark.parametrize("op", ["getxattr", "setxattr", "removexattr"])
 def test_xattr_calls_are_left_to_libfuse(op):
     """Not registered with libfuse (mfusepy skips its own placeholders): libfuse answers
-    ENOSYS and the kernel stops asking (tests/test_mount_reads.py checks the mount)."""
+    ENOSYS and the kernel stops asking (tests/mount/test_mount_reads.py checks the mount)."""
     assert getattr(getattr(N5fsOperations, op), "libfuse_ignore", False)
 
 

@@ -20,8 +20,8 @@ from n5fs.errors import N5fsError, NoSpace, StaleVersion, StoreUnavailable, errn
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.testing.doubles import FaultyStore
-from tests.test_gateway_many_mounts import Clock, doc, zarray
+from n5fs.testing.doubles import Clock, FaultyStore
+from tests.gateway.test_gateway_many_mounts import doc, zarray
 
 
 @pytest.fixture(params=["memory", "file"])

@@ -13,7 +13,6 @@ import errno
 import json
 import os
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
@@ -24,17 +23,15 @@ from n5fs.errors import KeyNotFound, Rejected, errno_of
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.gateway.commit.ordering import ArrayOrder
 from n5fs.gateway.namespace.paths import DirEntries, FileMap
-from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned
+from n5fs.kvstore.base import KeyInfo, KvStore
 from n5fs.kvstore.keys import folders_above
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import ForwardingStore
 from n5fs.singleflight import LoadingCache
+from n5fs.testing.doubles import WAIT, CountingStore
 from n5fs.validate import Validator
 
 # every lock checked against the gateway's lock order (tests/conftest.py)
 pytestmark = pytest.mark.debug_locks
-
-WAIT = 30.0  # generous: a deadlock fails the test instead of hanging it
 
 ZARRAY = {
     "zarr_format": 2,
@@ -48,93 +45,11 @@ ZARRAY = {
 }
 
 
-class Gate:
-    """Pauses the first call that matches until released; tells when it got there."""
-
-    def __init__(self, op: str, match: Callable[[str], bool], *, after: bool = True) -> None:
-        self.op, self.match, self.after = op, match, after
-        self.reached = threading.Event()
-        self.opened = threading.Event()
-        self.armed = True
-
-    def wait_reached(self) -> None:
-        assert self.reached.wait(WAIT), f"the {self.op} hook was never reached"
-
-    def release(self) -> None:
-        self.opened.set()
-
-
-class HookedStore(ForwardingStore):
-    """Runs gates around store calls: ``after=True`` pauses once the inner call returned
-    (the value is loaded but not yet used), else before the inner call."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.gates: list[Gate] = []
-        self.calls: list[tuple[str, str, ByteRange | None]] = []
-        self._lock = threading.Lock()
-
-    def gate(self, op: str, match: Callable[[str], bool], *, after: bool = True) -> Gate:
-        gate = Gate(op, match, after=after)
-        self.gates.append(gate)
-        return gate
-
-    def _pass(self, op: str, key: str, after: bool) -> None:
-        with self._lock:
-            gate = next(
-                (
-                    g
-                    for g in self.gates
-                    if g.armed and g.op == op and g.after == after and g.match(key)
-                ),
-                None,
-            )
-            if gate is not None:
-                gate.armed = False
-        if gate is not None:
-            gate.reached.set()
-            assert gate.opened.wait(WAIT), f"the {op} gate was never released"
-
-    def _around(self, op: str, key: str, call: Callable[[], object]) -> object:
-        self._pass(op, key, after=False)
-        result = call()
-        self._pass(op, key, after=True)
-        return result
-
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        with self._lock:
-            self.calls.append(("get", key, byte_range))
-        return self._around("get", key, lambda: super(HookedStore, self).get(key, byte_range))  # type: ignore[return-value]
-
-    def get_versioned(self, key: str) -> Versioned | None:
-        """A read with its version is a read: the same "get" gates stop it."""
-        with self._lock:
-            self.calls.append(("get", key, None))
-        return self._around(  # type: ignore[return-value]
-            "get", key, lambda: super(HookedStore, self).get_versioned(key)
-        )
-
-    def get_many(self, keys):  # type: ignore[no-untyped-def]
-        keys = list(keys)
-        return self._around(
-            "get_many", keys[0] if keys else "", lambda: super(HookedStore, self).get_many(keys)
-        )
-
-    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
-        return self._around(
-            "list",
-            prefix,  # type: ignore[return-value]
-            lambda: super(HookedStore, self).list(prefix, delimiter),
-        )
-
-    def set(self, key: str, value: bytes) -> None:
-        self._around("set", key, lambda: super(HookedStore, self).set(key, value))
-
-    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
-        """A conditional write is a write: the same "set" gates stop it."""
-        return self._around(  # type: ignore[return-value]
-            "set", key, lambda: super(HookedStore, self).set_if(key, value, version=version)
-        )
+#: a read with its version is a read, a conditional write a write: gates stop either
+READS = ("get", "get_versioned")
+WRITES = ("set", "set_if")
+#: every call that reads a value, batches too
+ANY_READ = (*READS, "get_many")
 
 
 @pytest.fixture
@@ -154,18 +69,18 @@ def gateway(store: KvStore, **kw: object) -> Gateway:
 def test_listing_loaded_before_a_commit_is_not_stored(pool: ThreadPoolExecutor) -> None:
     """The spurious ENOENT after rename: a LIST that began before a commit finished after it
     and was stored; the committed name then answered ENOENT until the TTL."""
-    store = HookedStore(MemoryStore())
+    store = CountingStore(MemoryStore())
     store.inner.set("d/old", b"x")
     now = [0.0]
     gw = Gateway(store, GatewayConfig(ttl=5.0), clock=lambda: now[0])
     fh = gw.create("/d/tmp.partial", os.O_WRONLY)
     gw.write(fh, b"data", 0)
     gw.readdir("/d")  # the listing is cached and fresh
-    committing = store.gate("set", lambda key: key == "d/final", after=False)
+    committing = store.gate(WRITES, "d/final", when="before")
     rename = pool.submit(gw.rename, "/d/tmp.partial", "/d/final")
     committing.wait_reached()  # validated, about to store
     now[0] = 10.0  # the listing expires: the next question LISTs again
-    listing = store.gate("list", lambda prefix: prefix == "d/")
+    listing = store.gate("list", "d/")
     lister = pool.submit(gw.readdir, "/d")
     listing.wait_reached()  # the LIST has returned, without the new name
     committing.release()
@@ -192,36 +107,29 @@ def test_listing_is_never_changed_under_a_reader() -> None:
 
 
 def test_one_list_per_folder_however_many_threads_miss(pool: ThreadPoolExecutor) -> None:
-    store = HookedStore(MemoryStore())
+    store = CountingStore(MemoryStore())
     store.inner.set("d/a", b"1")
-    lists: list[str] = []
-
-    class Counting(ForwardingStore):
-        def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
-            lists.append(prefix)
-            return super().list(prefix, delimiter)
-
-    gw = gateway(Counting(store))
-    gate = store.gate("list", lambda prefix: prefix == "d/")
+    gw = gateway(store)
+    gate = store.gate("list", "d/")
     first = pool.submit(gw.stat, "/d/a")
     gate.wait_reached()
     others = [pool.submit(gw.stat, "/d/a") for _ in range(3)]
     gate.release()
     assert all(result(f).size == 1 for f in [first, *others])  # type: ignore[attr-defined]
-    assert lists.count("d/") == 1
+    assert store.count("list", "d/") == 1
 
 
 def test_detection_begun_before_the_array_existed_is_not_kept(pool: ThreadPoolExecutor) -> None:
     """A folder detected as plain while its .zarray was being committed was cached as plain:
     chunks then went in as "other", unvalidated, in strict mode."""
-    store = HookedStore(MemoryStore())
+    store = CountingStore(MemoryStore())
     now = [0.0]
     gw = Gateway(store, GatewayConfig(ttl=5.0), clock=lambda: now[0])
-    committing = store.gate("set", lambda key: key == "arr/.zarray", after=False)
+    committing = store.gate(WRITES, "arr/.zarray", when="before")
     create = pool.submit(gw.write_file, "/arr/.zarray", json.dumps(ZARRAY).encode())
     committing.wait_reached()  # validated (the folder was plain), about to store
     now[0] = 10.0  # cached detections expire
-    probing = store.gate("get_many", lambda first: first.startswith("arr/"))
+    probing = store.gate("get_many", "arr/*")
     probe = pool.submit(gw.detector.folder, "arr/")
     probing.wait_reached()  # probed: no metadata there yet
     committing.release()
@@ -236,10 +144,10 @@ def test_detection_begun_before_the_array_existed_is_not_kept(pool: ThreadPoolEx
 def test_chunk_commit_and_dtype_change_are_ordered(pool: ThreadPoolExecutor) -> None:
     """A chunk validated against the old metadata could land after a dtype change passed its
     "no chunks exist" check. Now the metadata commit waits for the chunk commit."""
-    store = HookedStore(MemoryStore())
+    store = CountingStore(MemoryStore())
     gw = gateway(store)
     gw.write_file("/arr/.zarray", json.dumps(ZARRAY).encode())
-    gate = store.gate("set", lambda key: key == "arr/0", after=False)
+    gate = store.gate(WRITES, "arr/0", when="before")
     chunk = pool.submit(gw.write_file, "/arr/0", b"abcd")
     gate.wait_reached()  # validated under |u1, about to be stored
     change = pool.submit(
@@ -259,7 +167,7 @@ def test_concurrent_metadata_commits_keep_every_consolidated_entry(
 ) -> None:
     """Two upkeeps of .zmetadata read the same document and the second write lost the first
     one's entry."""
-    store = HookedStore(MemoryStore())
+    store = CountingStore(MemoryStore())
     gw = gateway(store)
     gw.write_file("/.zgroup", b'{"zarr_format": 2}')
     gw.write_file(
@@ -268,7 +176,7 @@ def test_concurrent_metadata_commits_keep_every_consolidated_entry(
             {"zarr_consolidated_format": 1, "metadata": {".zgroup": {"zarr_format": 2}}}
         ).encode(),
     )
-    gate = store.gate("get", lambda key: key == ".zmetadata")  # upkeep has read the document
+    gate = store.gate(READS, ".zmetadata")  # upkeep has read the document
     first = pool.submit(gw.write_file, "/a/.zarray", json.dumps(ZARRAY).encode())
     gate.wait_reached()
     second = pool.submit(gw.write_file, "/b/.zarray", json.dumps(ZARRAY).encode())
@@ -282,12 +190,12 @@ def test_concurrent_metadata_commits_keep_every_consolidated_entry(
 def test_rename_stores_the_bytes_it_validated(pool: ThreadPoolExecutor) -> None:
     """A rename validated one snapshot of the staged bytes and stored another: a write on
     another handle in between put unvalidated bytes under a chunk name."""
-    store = HookedStore(MemoryStore())
+    store = CountingStore(MemoryStore())
     gw = gateway(store)
     gw.write_file("/arr/.zarray", json.dumps(ZARRAY).encode())
     fh = gw.create("/arr/0.partial", os.O_WRONLY)
     gw.write(fh, b"good", 0)
-    gate = store.gate("set", lambda key: key == "arr/0", after=False)
+    gate = store.gate(WRITES, "arr/0", when="before")
     rename = pool.submit(gw.rename, "/arr/0.partial", "/arr/0")
     gate.wait_reached()  # validated "good", about to store
     spoil = pool.submit(gw.write, fh, b"bad bytes, far too long", 0)
@@ -345,48 +253,30 @@ def test_subscribers_hear_of_refusals_and_derived_writes() -> None:
     assert kernel == ["/a/0"]  # the refusal only
 
 
-class CountingGets(ForwardingStore):
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.got: list[tuple[str, ByteRange | None]] = []
-
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        self.got.append((key, byte_range))
-        return super().get(key, byte_range)
-
-    def get_versioned(self, key: str) -> Versioned | None:
-        self.got.append((key, None))
-        return super().get_versioned(key)
-
-    def get_many(self, keys):  # type: ignore[no-untyped-def]
-        keys = list(keys)
-        self.got.extend((key, None) for key in keys)
-        return super().get_many(keys)
-
-
 def test_o_trunc_never_reads_the_stored_object() -> None:
-    store = CountingGets(MemoryStore())
+    store = CountingStore(MemoryStore())
     store.inner.set("big", bytes(8 << 20))
     gw = gateway(store)
     fh = gw.open("/big", os.O_WRONLY | os.O_TRUNC)
     gw.write(fh, b"tiny", 0)
     gw.flush(fh)
     gw.release(fh)
-    assert [k for k, _ in store.got if k == "big"] == []
+    assert store.count(ANY_READ, "big") == 0
     assert store.inner.get("big") == b"tiny"
 
 
 def test_small_rewrite_of_a_big_file_fetches_by_range() -> None:
-    store = CountingGets(MemoryStore())
+    store = CountingStore(MemoryStore())
     original = os.urandom(40 << 20)
     store.inner.set("big", original)
     gw = gateway(store, spill_bytes=4 << 20, staging_bytes=8 << 20)
     fh = gw.open("/big", os.O_RDWR)
     gw.write(fh, b"XY", 1000)
-    assert store.got == []  # nothing fetched to write two bytes
+    assert store.count(ANY_READ) == 0  # nothing fetched to write two bytes
     gw.flush(fh)
     gw.release(fh)
-    assert all(r is not None and (r.length or 0) <= 16 << 20 for k, r in store.got if k == "big")
+    reads = store.calls_of(ANY_READ, "big")
+    assert all(c.byte_range is not None and (c.byte_range.length or 0) <= 16 << 20 for c in reads)
     assert store.inner.get("big") == original[:1000] + b"XY" + original[1002:]
 
 
@@ -432,13 +322,13 @@ def test_loading_cache_grounds_flights_on_every_kind_of_change() -> None:
 
 
 def test_negative_detection_is_cached_until_the_metadata_changes() -> None:
-    store = CountingGets(MemoryStore())
+    store = CountingStore(MemoryStore())
     store.inner.set("x/.zarray", b'{"zarr_format": 2}')  # lacks every other key
     gw = gateway(store)
     for _ in range(3):
         with pytest.raises(Rejected):
             gw.detector.folder("x/")
-    assert len([k for k, _ in store.got if k == "x/.zarray"]) == 1
+    assert store.count(ANY_READ, "x/.zarray") == 1
     gw.write_file("/x/.zarray", json.dumps(ZARRAY).encode())
     assert gw.detector.folder("x/").kind.value == "array"
 
@@ -519,11 +409,11 @@ def test_create_waiting_on_a_renamed_over_name_joins_the_new_file(
 ) -> None:
     """A create that waited for the lock of a name while a rename replaced that name must end
     up on the file now there, or two handles of one name would stage apart."""
-    store = HookedStore(MemoryStore())
+    store = CountingStore(MemoryStore())
     store.inner.set("d/a", b"from a")
     store.inner.set("d/b", b"old b")
     gw = gateway(store)
-    moving = store.gate("set", lambda key: key == "d/b", after=False)
+    moving = store.gate(WRITES, "d/b", when="before")
     pending = gw.create("/d/a", os.O_WRONLY)  # staged: the rename stores by set
     gw.write(pending, b"from a", 0)
     rename = pool.submit(gw.rename, "/d/a", "/d/b")

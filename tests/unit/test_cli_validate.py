@@ -96,17 +96,6 @@ def test_validate_passes_untouched_store(good: Path, capsys: pytest.CaptureFixtu
     assert "UNREADABLE" not in out
 
 
-class Unreadable(FaultyStore):
-    """A FaultyStore with no local files: every chunk is read through ``get_many``/``get``,
-    where the faults are (a local read would go around them)."""
-
-    def local_folder(self, prefix: str) -> str | None:
-        return None
-
-    def local_path(self, key: str) -> str | None:
-        return None
-
-
 def faulty_source(
     monkeypatch: pytest.MonkeyPatch, *keys: str, ops: tuple[str, ...] = ("get_many", "get")
 ) -> None:
@@ -116,7 +105,7 @@ def faulty_source(
 
     def opened(text: str, *, read_only: bool = False) -> Source:
         source = real(text, read_only=read_only)
-        store = Unreadable(source.store)
+        store = FaultyStore(source.store)  # no local files: every read meets the faults
         for op in ops:
             store.fail(op, times=None, when=lambda key: key in keys)
         return dataclasses.replace(source, store=store)

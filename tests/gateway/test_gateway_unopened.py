@@ -17,14 +17,7 @@ from n5fs.gateway.namespace.control import STATS_BLOCK
 from n5fs.gateway.read.unopened import REUSE_SECONDS, UnopenedReads
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.tempnames import PARTIAL_SUFFIX
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from n5fs.testing.doubles import Clock
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ its ``LocalStore`` writes them on a mount: ``mkdir -p`` of the parent, the bytes
 ``.partial`` temp name, then a rename (or, for a create-if-absent, a hard link and an unlink)
 into the real name. The store is then read natively (TensorStore's n5 driver), checked with
 ``n5fs validate``, and read back through the view by zarr-python. The real-mount test is in
-``tests/test_mount_views.py``.
+``tests/mount/test_mount_views.py``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ sorts big folders by inode), so each test removes an array both ways: its docume
 (the array is doomed: the document is hidden, the chunks stay removable) and last (the
 document goes natively at once). After the folder's ``rmdir`` nothing of the array is left in
 the store, the view lists nothing of it, and the rest of the store reads as before. Real
-``rm -r`` through real mounts is in ``tests/test_mount_views.py``.
+``rm -r`` through real mounts is in ``tests/mount/test_mount_views.py``.
 """
 
 from __future__ import annotations

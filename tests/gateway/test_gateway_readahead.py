@@ -1,7 +1,8 @@
 """Read-ahead across whole objects, single flight, parallel ranges, and ETag-stamped versions.
 
-Deterministic: store hooks hold a GET where the test needs it (no sleeps); the pool is drained
-with ``ObjectReader.close()`` (it waits for fetches in flight) before counting requests.
+Deterministic: a gate of the counting store holds a GET where the test needs it (no sleeps);
+the pool is drained with ``ObjectReader.close()`` (it waits for fetches in flight) before
+counting requests.
 """
 
 from __future__ import annotations
@@ -17,65 +18,15 @@ import pytest
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.gateway.read.byte_cache import fits, version_of
 from n5fs.gateway.read.reader import ObjectReader, PageCache, ReadWindow
-from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore
+from n5fs.kvstore.base import KeyInfo, KvStore
 from n5fs.kvstore.keys import basename
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.testing.doubles import WAIT, Call, Clock, CountingStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
 MiB = 1 << 20
-WAIT = 30.0  # a deadlock fails the test instead of hanging it
-
-
-class Gets(ForwardingStore):
-    """Counts GETs by key; ``hold(match)`` stops matching GETs after the inner read (the
-    bytes are loaded, not yet used) until ``release``."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.got: Counter[str] = Counter()
-        self.ranges: list[ByteRange] = []
-        self._lock = threading.Lock()
-        self._held: Callable[[str], bool] = lambda key: False
-        self._times: int | None = None
-        self.reached: list[str] = []
-        self.arrived = threading.Condition(self._lock)
-        self.opened = threading.Event()
-
-    def hold(self, match: Callable[[str], bool], times: int | None = None) -> None:
-        """Hold the first ``times`` matching GETs (None: every one until released)."""
-        self._held, self._times = match, times
-        self.opened.clear()
-
-    def _holds(self, key: str) -> bool:
-        with self._lock:
-            if self._times == 0 or not self._held(key):
-                return False
-            if self._times is not None:
-                self._times -= 1
-            return True
-
-    def release(self) -> None:
-        self.opened.set()
-
-    def wait_reached(self, count: int) -> None:
-        with self.arrived:
-            assert self.arrived.wait_for(lambda: len(self.reached) >= count, WAIT)
-
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        with self._lock:
-            self.got[key] += 1
-            if byte_range is not None:
-                self.ranges.append(byte_range)
-        data = super().get(key, byte_range)
-        if self._holds(key):
-            with self.arrived:
-                self.reached.append(key)
-                self.arrived.notify_all()
-            assert self.opened.wait(WAIT), "never released"
-        return data
 
 
 def folder_of(store: KvStore, count: int, size: int = 1024) -> list[str]:
@@ -100,7 +51,7 @@ def reader(store: KvStore, *, cache: int = 64 * MiB, ahead: int = 4) -> ObjectRe
     return r
 
 
-def read_all(r: ObjectReader, store: Gets, key: str) -> bytes:
+def read_all(r: ObjectReader, store: CountingStore, key: str) -> bytes:
     info = store.inner.stat(key)
     assert info is not None
     data, _ = r.read(ReadWindow(), key, info.size, 0, info.size, version_of(info))
@@ -108,65 +59,65 @@ def read_all(r: ObjectReader, store: Gets, key: str) -> bytes:
 
 
 @pytest.fixture
-def store() -> Gets:
-    return Gets(MemoryStore())
+def store() -> CountingStore:
+    return CountingStore(MemoryStore())
 
 
-def test_a_reader_walking_a_folder_gets_the_next_objects_ahead(store: Gets) -> None:
+def test_a_reader_walking_a_folder_gets_the_next_objects_ahead(store: CountingStore) -> None:
     keys = folder_of(store.inner, 10)
     r = reader(store, ahead=4)
     assert read_all(r, store, keys[0]) == store.inner.get(keys[0])
     r.close()  # waits for the read-ahead
-    assert set(store.got) == set(keys[:5])
+    assert set(store.per_key("get")) == set(keys[:5])
     assert all(r.cache.holds(k) for k in keys[1:5])
     assert not r.cache.holds(keys[5])
 
 
-def test_every_object_is_fetched_once_when_read_in_order(store: Gets) -> None:
+def test_every_object_is_fetched_once_when_read_in_order(store: CountingStore) -> None:
     keys = folder_of(store.inner, 20)
     r = reader(store, ahead=4)
     for key in keys:
         assert read_all(r, store, key) == store.inner.get(key)
     r.close()
-    assert store.got == Counter(dict.fromkeys(keys, 1))
+    assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))
     assert r.prefetcher.started == len(keys) - 1  # all but the first came ahead
 
 
-def test_a_read_of_an_object_being_fetched_ahead_waits_for_that_fetch(store: Gets) -> None:
+def test_a_read_of_an_object_being_fetched_ahead_waits_for_that_fetch(store: CountingStore) -> None:
     keys = folder_of(store.inner, 3)
     r = reader(store, ahead=2)
-    store.hold(lambda key: key == keys[1], times=1)
+    gate = store.gate("get", keys[1])
     read_all(r, store, keys[0])  # starts the read-ahead of keys[1] and keys[2]
-    store.wait_reached(1)  # keys[1]'s GET returned its bytes, not yet in the cache
+    gate.wait_reached()  # keys[1]'s GET returned its bytes, not yet in the cache
     with ThreadPoolExecutor(1) as pool:
         second = pool.submit(read_all, r, store, keys[1])
         assert r.flights.wait_joined(1, WAIT)  # the reader waits on the flight
         assert not second.done()
-        store.release()
+        gate.release()
         assert second.result(WAIT) == store.inner.get(keys[1])
     r.close()
-    assert store.got[keys[1]] == 1
+    assert store.per_key("get")[keys[1]] == 1
 
 
-def test_read_ahead_stops_when_the_reader_leaves_the_order(store: Gets) -> None:
+def test_read_ahead_stops_when_the_reader_leaves_the_order(store: CountingStore) -> None:
     keys = folder_of(store.inner, 30)
     r = reader(store, ahead=4)
     read_all(r, store, keys[0])
     _drain(r)
-    assert set(store.got) == set(keys[:5])
+    assert set(store.per_key("get")) == set(keys[:5])
     read_all(r, store, keys[20])  # a jump: not following, nothing fetched ahead
     _drain(r)
-    assert set(store.got) == {*keys[:5], keys[20]}
+    assert set(store.per_key("get")) == {*keys[:5], keys[20]}
     read_all(r, store, keys[21])  # following again from there
     _drain(r)
-    assert set(store.got) == {*keys[:5], *keys[20:26]}
+    assert set(store.per_key("get")) == {*keys[:5], *keys[20:26]}
     read_all(r, store, keys[3])  # backwards: cached, and no read-ahead
     _drain(r)
-    assert set(store.got) == {*keys[:5], *keys[20:26]}
+    assert set(store.per_key("get")) == {*keys[:5], *keys[20:26]}
     r.close()
 
 
-def test_a_strided_reader_gets_the_objects_at_its_stride_ahead(store: Gets) -> None:
+def test_a_strided_reader_gets_the_objects_at_its_stride_ahead(store: CountingStore) -> None:
     """Every 5th object (a subsampled read): two equal steps confirm the stride, then the
     objects at that stride are fetched ahead, never the ones between."""
     keys = folder_of(store.inner, 40)
@@ -174,21 +125,23 @@ def test_a_strided_reader_gets_the_objects_at_its_stride_ahead(store: Gets) -> N
     for at in (1, 6):  # not the folder's first object: no guess yet, then a candidate step
         read_all(r, store, keys[at])
         _drain(r)
-    assert set(store.got) == {keys[1], keys[6]}
+    assert set(store.per_key("get")) == {keys[1], keys[6]}
     read_all(r, store, keys[11])  # the same step again: every 5th from here
     _drain(r)
-    assert set(store.got) == {keys[i] for i in (1, 6, 11, 16, 21, 26)}
+    assert set(store.per_key("get")) == {keys[i] for i in (1, 6, 11, 16, 21, 26)}
     before = r.prefetcher.started
     for at in (16, 21, 26, 31):
         read_all(r, store, keys[at])
         _drain(r)
     assert r.prefetcher.started - before == 2  # 31, then 36 came ahead (41 is past the end)
-    assert set(store.got) == {keys[i] for i in range(1, 40, 5)}
-    assert max(store.got.values()) == 1
+    assert set(store.per_key("get")) == {keys[i] for i in range(1, 40, 5)}
+    assert max(store.per_key("get").values()) == 1
     r.close()
 
 
-def test_the_stride_is_the_guess_in_the_next_folder_until_a_read_breaks_it(store: Gets) -> None:
+def test_the_stride_is_the_guess_in_the_next_folder_until_a_read_breaks_it(
+    store: CountingStore,
+) -> None:
     for folder in "abc":
         for i in range(20):
             store.inner.set(f"{folder}/{i:02d}", os.urandom(64))
@@ -196,16 +149,16 @@ def test_the_stride_is_the_guess_in_the_next_folder_until_a_read_breaks_it(store
     for at in (0, 3, 6):  # a stride of 3 in folder a (0 guesses the listing order: 1, 2)
         read_all(r, store, f"a/{at:02d}")
         _drain(r)
-    store.got.clear()
+    store.clear()
     read_all(r, store, "b/04")  # the first read in b: 7 and 10 come ahead at once
     _drain(r)
-    assert set(store.got) == {"b/04", "b/07", "b/10"}
+    assert set(store.per_key("get")) == {"b/04", "b/07", "b/10"}
     read_all(r, store, "b/01")  # back: out of every pattern, no read-ahead, no guess for c
     _drain(r)
-    store.got.clear()
+    store.clear()
     read_all(r, store, "c/04")
     _drain(r)
-    assert set(store.got) == {"c/04"}
+    assert set(store.per_key("get")) == {"c/04"}
     r.close()
 
 
@@ -214,15 +167,15 @@ def _drain(r: ObjectReader) -> None:
     assert r.prefetcher.idle(WAIT)
 
 
-def test_in_flight_and_memory_stay_within_their_bounds(store: Gets) -> None:
+def test_in_flight_and_memory_stay_within_their_bounds(store: CountingStore) -> None:
     keys = folder_of(store.inner, 40, size=MiB)
     # 16 MiB of cache: read-ahead may hold a quarter of it in flight, 4 objects of 1 MiB
     r = reader(store, cache=16 * MiB, ahead=8)
-    store.hold(lambda key: key != keys[0])
+    gate = store.gate("get", lambda key: key != keys[0], times=None)
     read_all(r, store, keys[0])
-    store.wait_reached(4)
+    gate.wait_reached(4)
     assert r.prefetcher.in_flight() == (4, 4 * MiB)
-    store.release()
+    gate.release()
     for key in keys[1:]:
         read_all(r, store, key)
         assert r.cache.size <= 16 * MiB
@@ -230,20 +183,20 @@ def test_in_flight_and_memory_stay_within_their_bounds(store: Gets) -> None:
         assert objects <= 8
         assert nbytes <= 4 * MiB
     r.close()
-    assert max(store.got.values()) == 1  # nothing fetched twice, however it interleaved
+    assert max(store.per_key("get").values()) == 1  # nothing fetched twice, however it interleaved
 
 
-def test_a_commit_overtaking_a_fetch_ahead_keeps_its_bytes_out(store: Gets) -> None:
+def test_a_commit_overtaking_a_fetch_ahead_keeps_its_bytes_out(store: CountingStore) -> None:
     keys = folder_of(store.inner, 2)
     r = reader(store, ahead=1)
-    store.hold(lambda key: key == keys[1], times=1)
+    gate = store.gate("get", keys[1])
     read_all(r, store, keys[0])
-    store.wait_reached(1)  # the old bytes of keys[1] are loaded, not yet stored
+    gate.wait_reached()  # the old bytes of keys[1] are loaded, not yet stored
     store.inner.set(keys[1], b"new")  # a commit lands: the mount drops what it cached
     r.cache.invalidate(keys[1])
     assert read_all(r, store, keys[1]) == b"new"  # never joins the overtaken fetch
-    assert store.got[keys[1]] == 2
-    store.release()
+    assert store.per_key("get")[keys[1]] == 2
+    gate.release()
     r.close()
     assert r.cache.get(keys[1]) == b"new"  # the overtaken fetch stored nothing
 
@@ -253,15 +206,14 @@ def test_large_object_window_is_fetched_as_ranges_at_once() -> None:
     inner.set("big", os.urandom(40 * MiB))
     barrier = threading.Barrier(4, timeout=WAIT)
 
-    class AllAtOnce(ForwardingStore):
+    def all_at_once(call: Call) -> None:
         """The ranges of the 8 MiB window each wait until all four are being read."""
+        if call.byte_range is not None and call.byte_range.length == 2 * MiB:
+            barrier.wait()  # breaks (fails the read) unless the four run together
 
-        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-            if byte_range is not None and byte_range.length == 2 * MiB:
-                barrier.wait()  # breaks (fails the read) unless the four run together
-            return super().get(key, byte_range)
-
-    r = ObjectReader(AllAtOnce(inner), cache_bytes=MiB, small_object=MiB, readahead=8 * MiB)
+    store = CountingStore(inner)
+    store.hook("get", all_at_once)
+    r = ObjectReader(store, cache_bytes=MiB, small_object=MiB, readahead=8 * MiB)
     data, window = r.read(ReadWindow(readahead=8 * MiB), "big", 4096, 0, 40 * MiB)
     assert data == (inner.get("big") or b"")[:4096]
     assert len(window.data) == 8 * MiB
@@ -278,14 +230,6 @@ def test_versions_name_the_etag_where_the_listing_has_one() -> None:
     assert fits((3, 10.0), version_of(KeyInfo("k", 3, 10.0)))  # no ETag anywhere
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _read(gw: Gateway, path: str) -> tuple[bytes, PageCache]:
     fh = gw.open(path, os.O_RDONLY)
     try:
@@ -298,7 +242,7 @@ def test_same_size_same_second_replacement_by_another_mount_is_seen() -> None:
     """S3's LastModified has 1 s resolution: only the ETag tells the two versions apart."""
     shared = MemoryStore()
     shared.set("k", b"old bytes")
-    clock = Clock()
+    clock = Clock(1000.0)
     mine = Gateway(shared, GatewayConfig(ttl=5.0), clock=clock)
     theirs = Gateway(shared, GatewayConfig(ttl=5.0), clock=clock)
     assert _read(mine, "/k") == (b"old bytes", PageCache.DROP)  # first open: no pages yet

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.gateway.test_gateway import N5_ATTRS, n5_block
 from tests.mounting import real_mount, wait_until
-from tests.test_gateway import N5_ATTRS, n5_block
 
 pytestmark = real_mount(120)
 

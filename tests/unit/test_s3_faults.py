@@ -33,13 +33,13 @@ from n5fs.kvstore.s3 import uploads as s3_uploads
 from n5fs.kvstore.s3.uploads import Upload, UploadJournal
 from n5fs.kvstore.spec import S3Spec, parse_spec
 from n5fs.kvstore.wrappers import ReadOnlyStore
+from tests import REPO_ROOT
 
 pytestmark = pytest.mark.s3
 
 PREFIX = "root/"
 #: a call still running after this long hangs (the budget is ~12 s per request)
 WATCHDOG = 60.0
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -402,7 +402,7 @@ def test_kill_9_during_put_file_leaves_an_upload_the_next_sweep_aborts(
     endpoint = store.client.meta.endpoint_url
     proc = subprocess.Popen(
         [sys.executable, "-c", _CHILD, bucket, endpoint, str(big)],
-        cwd=ROOT,
+        cwd=REPO_ROOT,
         env={**os.environ, "N5FS_STATE_DIR": str(state_dir)},
     )
     try:

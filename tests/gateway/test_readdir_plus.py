@@ -3,7 +3,7 @@
 The glue (:class:`n5fs.fuse_front._lib.N5fsFUSE`) is driven here without a mount: its
 ``_fill`` gets libfuse's arguments (a filler callback, the request's offset, a file info
 holding the opendir handle), so what it hands the kernel per entry is read back as libfuse
-would read it. Real mounts exercise the same path in tests/test_mount*.py (``ls -l``, ``find``).
+would read it. Real mounts exercise the same path in tests/mount/test_mount*.py (``ls -l``, ``find``).
 """
 
 from __future__ import annotations

@@ -149,7 +149,8 @@ def test_validate_reports_leftovers(tmp_path: Path) -> None:
 
 
 class Recording(MemoryStore):
-    """A memory store that logs every change, to replay any prefix of a rename."""
+    """A memory store that logs every change, to replay any prefix of a rename. A MemoryStore
+    itself, not a wrapper: the single copies and deletes its batches are made of are logged."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -2,7 +2,8 @@
 :class:`MemoryStore` are mounts on different nodes of one bucket (the memory store honours
 conditional writes as S3 does: a version per key, ``set_if`` checked atomically). Each
 gateway has its own caches and clock, so "node B still caches what it saw" is exact, and
-races between nodes are made deterministic with the store hooks of ``test_gateway_races``.
+races between nodes are made deterministic with gates of
+:class:`~n5fs.testing.doubles.CountingStore`, as in ``test_gateway_races``.
 The same behaviour through real daemons on the moto server is ``test_mount_many_mounts.py``.
 """
 
@@ -19,22 +20,15 @@ from n5fs.errors import KeyNotFound, Rejected, StaleVersion, VersionConflict, er
 from n5fs.gateway import Gateway, GatewayConfig
 from n5fs.gateway.commit.conditional import STALE_RULE
 from n5fs.gateway.commit.consolidated import ATTEMPTS, MAX_PAUSE
+from n5fs.kvstore.base import KvStore
 from n5fs.kvstore.memory import MemoryStore
+from n5fs.testing.doubles import Clock, CountingStore, FaultyStore
 from n5fs.validate import Validator
-from tests.test_gateway_races import ZARRAY, HookedStore, result
+from tests.gateway.test_gateway_races import READS, WRITES, ZARRAY, result
 
 
-class Clock:
-    """A node's clock: caches expire only when a test moves it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def node(store: MemoryStore | HookedStore, **config: object) -> Gateway:
+def node(store: KvStore, **config: object) -> Gateway:
+    """A node: its own gateway, and a clock of its own that moves only when a test moves it."""
     return Gateway(store, GatewayConfig(**config), clock=Clock())  # type: ignore[arg-type]
 
 
@@ -138,10 +132,10 @@ def test_a_write_between_read_and_put_is_caught(pool: ThreadPoolExecutor) -> Non
     """Node B validated against version 1 and is about to write; node A's resize lands in
     between. B's conditional write fails: it would have validated against stale metadata."""
     store = MemoryStore()
-    hooked = HookedStore(store)
+    hooked = CountingStore(store)
     a, b = node(store), node(hooked)
     a.write_file("/arr/.zarray", zarray())
-    gate = hooked.gate("set", lambda key: key == "arr/.zarray", after=False)
+    gate = hooked.gate(WRITES, "arr/.zarray", when="before")
     change = pool.submit(b.write_file, "/arr/.zarray", zarray(shape=[8]))
     gate.wait_reached()  # B read and validated version 1, about to write
     a.write_file("/arr/.zarray", zarray(shape=[64]))
@@ -159,9 +153,9 @@ def test_the_same_document_landing_between_read_and_put_is_no_conflict(
     write loses. What B wanted is what the store holds: no conflict (it was EAGAIN, and a
     three-node ``create_array`` run failed under load)."""
     store = MemoryStore()
-    hooked = HookedStore(store)
+    hooked = CountingStore(store)
     a, b = node(store), node(hooked)
-    gate = hooked.gate("set", lambda key: key == ".zattrs", after=False)
+    gate = hooked.gate(WRITES, ".zattrs", when="before")
     create = pool.submit(b.write_file, "/.zattrs", b"{}")
     gate.wait_reached()  # B read the key absent and validated, about to write
     a.write_file("/.zattrs", b"{}")
@@ -177,9 +171,9 @@ def test_other_bytes_landing_between_read_and_put_stay_a_conflict(
     pool: ThreadPoolExecutor,
 ) -> None:
     store = MemoryStore()
-    hooked = HookedStore(store)
+    hooked = CountingStore(store)
     a, b = node(store), node(hooked)
-    gate = hooked.gate("set", lambda key: key == ".zattrs", after=False)
+    gate = hooked.gate(WRITES, ".zattrs", when="before")
     create = pool.submit(b.write_file, "/.zattrs", b'{"b": 1}')
     gate.wait_reached()
     a.write_file("/.zattrs", b'{"a": 1}')
@@ -208,10 +202,10 @@ def test_consolidated_document_keeps_every_node_entry(pool: ThreadPoolExecutor) 
     """Node A's upkeep read .zmetadata, node B rewrote it with its own entry, then A wrote:
     A's compare-and-swap fails, A re-reads and merges, and both entries stay."""
     store = MemoryStore()
-    hooked = HookedStore(store)
+    hooked = CountingStore(store)
     a, b = node(hooked), node(store)
     consolidated_root(a)
-    gate = hooked.gate("get", lambda key: key == ".zmetadata")  # A's upkeep has read it
+    gate = hooked.gate(READS, ".zmetadata")  # A's upkeep has read it
     first = pool.submit(a.write_file, "/a/.zarray", zarray())
     gate.wait_reached()
     b.write_file("/b/.zarray", zarray())
@@ -224,28 +218,22 @@ def test_consolidated_document_keeps_every_node_entry(pool: ThreadPoolExecutor) 
     assert Validator(store).run().ok
 
 
-class AlwaysBeaten(HookedStore):
-    """Once ``beaten``, another node rewrites ``.zmetadata`` between every read and write of
-    this one."""
-
-    beaten = False
-
-    def set_if(self, key: str, value: bytes, *, version: str | None) -> str | None:
-        if self.beaten and key == ".zmetadata":
-            raise VersionConflict(f"{key}: another writer won")
-        return super().set_if(key, value, version=version)
-
-
 def test_a_document_contended_past_every_retry_is_reported_not_hung(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = MemoryStore()
-    contended = AlwaysBeaten(store)
+    contended = FaultyStore(store)
     gw = node(contended)
     consolidated_root(gw)
     pauses: list[float] = []
     gw.committer.keeper._sleep = pauses.append
-    contended.beaten = True
+    # from now on another node rewrites .zmetadata between every read and write of this one
+    contended.fail(
+        "set_if",
+        lambda key: VersionConflict(f"{key}: another writer won"),
+        times=None,
+        when=lambda key: key == ".zmetadata",
+    )
     gw.write_file("/a/.zarray", zarray())  # the array's own commit stands
     assert store.get("a/.zarray") is not None
     assert "a/.zarray" not in doc(store, ".zmetadata")["metadata"]  # type: ignore[operator]

@@ -36,11 +36,11 @@ from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.spec import FileSpec, S3Spec, ZipSpec, parse_spec
-from n5fs.kvstore.wrappers import ForwardingStore, ReadOnlyStore
+from n5fs.kvstore.wrappers import ReadOnlyStore
 from n5fs.kvstore.zip import ZipStore
 from n5fs.kvstore.zip import rewrite as ziprewrite
 from n5fs.kvstore.zip import writer as zipwriter
-from n5fs.testing.doubles import FaultyStore
+from n5fs.testing.doubles import CountingStore, FaultyStore
 from n5fs.testing.kvstore_contract import KvStoreContract
 
 ARCHIVE = "arch/a.zip"
@@ -111,18 +111,6 @@ def patch_member(
             struct.pack_into(fmt, out, central + c_off, value)
             struct.pack_into(fmt, out, local + l_off, value)
     return bytes(out)
-
-
-class Recording(ForwardingStore):
-    """Remembers the byte ranges asked of the base."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.ranges: list[ByteRange | None] = []
-
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        self.ranges.append(byte_range)
-        return super().get(key, byte_range)
 
 
 # -- reading archives written by zipfile ---------------------------------------------------------
@@ -327,14 +315,14 @@ def test_stored_ranges_fetch_only_the_range() -> None:
     value = os.urandom(4 << 20)
     mem = MemoryStore()
     mem.set(ARCHIVE, make_zip({"big": value, "small": b"s" * 50}, zipfile.ZIP_STORED))
-    rec = Recording(mem)
+    rec = CountingStore(mem)
     store = ZipStore(rec, ARCHIVE)
     store.list("")
-    rec.ranges.clear()
+    rec.clear()
     assert store.get("big", ByteRange(3 << 20, 100)) == value[3 << 20 : (3 << 20) + 100]
     assert store.get("small") == b"s" * 50
-    fetched = [r.length for r in rec.ranges if r is not None and r.length is not None]
-    assert len(fetched) == len(rec.ranges) == 3  # header + range, then header and data at once
+    fetched = [r.length for r in rec.ranges() if r is not None and r.length is not None]
+    assert len(fetched) == len(rec.ranges()) == 3  # header + range, then header and data at once
     assert sum(fetched) < 4096
 
 
@@ -596,7 +584,8 @@ def test_readers_during_flushes_see_whole_values() -> None:
 
 
 class MovingFileStore(FileStore):
-    """Remembers the local files put or moved into place."""
+    """Remembers the local files put or moved into place. A FileStore itself, not a wrapper:
+    the zip adapter rewrites beside the archive only over a FileStore."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
@@ -610,18 +599,6 @@ class MovingFileStore(FileStore):
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         self.put.append(os.fspath(path))
         super().put_file(key, path)
-
-
-class PuttingStore(ForwardingStore):
-    """Remembers the local files put into the base (and what they were named)."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.put: list[str] = []
-
-    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
-        self.put.append(os.fspath(path))
-        self.inner.put_file(key, path)
 
 
 def test_file_base_rewrites_beside_the_archive_and_renames(tmp_path: Path) -> None:
@@ -651,11 +628,11 @@ def test_file_base_creates_a_new_archive_in_a_new_folder(tmp_path: Path) -> None
 
 
 def test_other_bases_write_a_writer_tagged_temp_archive_in_tmp_dir(tmp_path: Path) -> None:
-    base = PuttingStore(MemoryStore())
+    base = CountingStore(MemoryStore())
     store = ZipStore(base, ARCHIVE, tmp_dir=str(tmp_path))
     store.set("k", b"v")
     store.flush()
-    [put] = base.put
+    [put] = [call.src for call in base.calls_of("put_file")]  # the local files put, by name
     folder, name = os.path.split(put)
     assert folder == str(tmp_path)
     assert name.startswith(".n5fs-zip-")

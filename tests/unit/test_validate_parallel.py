@@ -19,7 +19,7 @@ from n5fs.kvstore import open_store
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import ForwardingStore
-from n5fs.testing.doubles import FaultyStore
+from n5fs.testing.doubles import CountingStore, FaultyStore
 from n5fs.validate import (
     BATCH_BYTES,
     ChunkChecker,
@@ -258,7 +258,8 @@ def test_a_fault_on_one_key_makes_only_it_unreadable_on_stores_without_local_fil
 
 
 class OSErrorOnGet(ForwardingStore):
-    """Reading ``key`` fails as a local file system does: a plain ``OSError``."""
+    """Reading ``key`` fails as a local file system does: a plain ``OSError`` (FaultyStore
+    raises n5fs errors only), and alone (a batch is read key by key, so its others succeed)."""
 
     def __init__(self, inner: KvStore, key: str, error: OSError) -> None:
         super().__init__(inner)
@@ -308,31 +309,13 @@ def test_a_failed_search_for_leftovers_is_unreadable() -> None:
     inner = MemoryStore()
     fill(inner)
 
-    class NoLeftovers(ForwardingStore):
-        def leftovers(self, prefix: str = "") -> tuple[Any, ...]:
-            raise StoreUnavailable("listing of uploads failed")
-
-    report = Validator(NoLeftovers(inner), jobs=1).run()
+    faulty = FaultyStore(inner)
+    faulty.fail("leftovers", lambda _: StoreUnavailable("listing of uploads failed"))
+    report = Validator(faulty, jobs=1).run()
     assert [f.to_json() for f in report.unreadable] == [
         {"key": "<root>", "rule": "leftovers", "message": "listing of uploads failed"}
     ]
     assert not report.ok
-
-
-class Gated(ForwardingStore):
-    """``get_many`` waits for ``gate``; counts its calls."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.gate = threading.Event()
-        self.entered = threading.Event()
-        self.calls = 0
-
-    def get_many(self, keys: Iterable[str]) -> dict[str, bytes | None]:
-        self.calls += 1
-        self.entered.set()
-        assert self.gate.wait(30)
-        return super().get_many(keys)
 
 
 def test_the_listing_waits_while_the_window_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -340,7 +323,8 @@ def test_the_listing_waits_while_the_window_is_full(monkeypatch: pytest.MonkeyPa
     inner = MemoryStore()
     for i in range(6):
         inner.set(f"k{i}", b"x")
-    store = Gated(inner)
+    store = CountingStore(inner)
+    batches = store.gate("get_many", when="before", times=None)  # every batch waits
     blocked = threading.Event()
     real_wait = chunks_module.wait
 
@@ -361,12 +345,12 @@ def test_the_listing_waits_while_the_window_is_full(monkeypatch: pytest.MonkeyPa
     thread = threading.Thread(target=lister)
     with checker:
         thread.start()
-        assert store.entered.wait(30)
+        batches.wait_reached()
         assert blocked.wait(30)
         # add(3) submits the third batch and waits: two are in the window, one is running
         assert added == [0, 1, 2]
-        assert store.calls == 1
-        store.gate.set()
+        assert store.count("get_many") == 1
+        batches.release()
         thread.join(30)
     assert not thread.is_alive()
     assert added == list(range(6))

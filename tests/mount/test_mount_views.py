@@ -21,10 +21,10 @@ import pytest
 import tensorstore as ts
 import zarr
 
+from tests.gateway.test_views import expected, n5_names, write_sources
+from tests.gateway.test_views_n5 import LEFT_OUT, SHOWN, zarr_values
+from tests.gateway.test_views_n5 import write_sources as write_zarr_for_n5
 from tests.mounting import Mounter, real_mount
-from tests.test_views import expected, n5_names, write_sources
-from tests.test_views_n5 import LEFT_OUT, SHOWN, zarr_values
-from tests.test_views_n5 import write_sources as write_zarr_for_n5
 from tests.writers import ramp, tensorstore_n5
 
 pytestmark = real_mount(300)
@@ -211,7 +211,7 @@ def test_rm_r_through_a_view_removes_the_native_trees(
     import subprocess
 
     from n5fs.cli.main import main
-    from tests.test_views_remove import make_store
+    from tests.gateway.test_views_remove import make_store
 
     root = make_store(tmp_path, source)
     mp = mounter.foreground(str(root), "--as", fmt)

@@ -29,8 +29,7 @@ from n5fs.gateway import EntryKind, Gateway, GatewayConfig
 from n5fs.kvstore.base import KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import ForwardingStore
-from n5fs.testing.doubles import FaultyStore
+from n5fs.testing.doubles import CountingStore, FaultyStore
 from tests.writers import ramp, tensorstore_n5, zarr_python_hierarchy
 
 N5_ATTRS = {
@@ -435,16 +434,6 @@ def test_symlink_outside_hdmf_is_refused(gw: Gateway) -> None:
 # -- caches and faults --------------------------------------------------------------------------
 
 
-class CountingStore(ForwardingStore):
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.lists = 0
-
-    def list(self, prefix: str = "", delimiter: str | None = "/"):  # type: ignore[override]
-        self.lists += 1
-        return super().list(prefix, delimiter)
-
-
 def test_stat_storm_is_one_listing_per_folder() -> None:
     inner = MemoryStore()
     for i in range(0, 1000, 10):
@@ -459,7 +448,7 @@ def test_stat_storm_is_one_listing_per_folder() -> None:
         except KeyNotFound:
             pass
     assert found == 100
-    assert store.lists == 1  # one LIST of "arr/" answers all 1000 lookups
+    assert store.count("list") == 1  # one LIST of "arr/" answers all 1000 lookups
 
 
 def test_listing_expires_with_the_injected_clock() -> None:

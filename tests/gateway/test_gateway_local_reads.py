@@ -14,26 +14,13 @@ from n5fs.errors import KeyNotFound
 from n5fs.gateway import Gateway
 from n5fs.gateway.read.byte_cache import OpenedStamps, Stamp
 from n5fs.gateway.read.reader import PageCache
-from n5fs.kvstore.base import ByteRange, KvStore
+from n5fs.kvstore.base import KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import ForwardingStore
-from n5fs.testing.doubles import FaultyStore
+from n5fs.testing.doubles import CountingStore, FaultyStore
 
 OLD = b"old bytes " * 1000
 NEW = b"NEW BYTES " * 1000  # same size: only the bytes tell the versions apart
-
-
-class CountingStore(ForwardingStore):
-    """Counts ``get`` calls: reads from the local descriptor make none."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.gets = 0
-
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        self.gets += 1
-        return super().get(key, byte_range)
 
 
 @pytest.fixture
@@ -85,7 +72,7 @@ def test_reads_come_from_the_local_file_not_the_store(root: Path) -> None:
     assert gw.read(fh, 100, len(OLD) - 10) == OLD[-10:]  # short at the end, as pread
     assert gw.read(fh, 100, len(OLD) + 5) == b""
     gw.release(fh)
-    assert store.gets == 0
+    assert store.count("get") == 0
     assert gw.stats()["bytes_out"] >= len(OLD)
 
 

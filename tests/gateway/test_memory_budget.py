@@ -5,8 +5,8 @@ cache's budget before its bytes arrive, so cached plus in-flight bytes stay with
 ``cache_bytes``; a fetch that fails or finds nothing gives its reservation back. Freed object
 buffers go back to the system (glibc's mmap threshold is fixed, not raised by each free).
 
-Deterministic: a store wrapper holds GETs after their bytes are loaded (in flight: in memory,
-not yet cached) until the test releases them; no sleeps, no RSS readings.
+Deterministic: a gate of the counting store holds GETs after their bytes are loaded (in
+flight: in memory, not yet cached) until the test releases them; no sleeps, no RSS readings.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -25,12 +24,12 @@ import pytest
 from n5fs.errors import StoreUnavailable
 from n5fs.gateway.read.byte_cache import ByteLRU, version_of
 from n5fs.gateway.read.reader import ObjectReader, ReadWindow
-from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore
+from n5fs.kvstore.base import KeyInfo, KvStore
 from n5fs.kvstore.keys import basename
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.s3 import S3Store
 from n5fs.kvstore.spec import S3Spec
-from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.testing.doubles import WAIT, Call, CountingStore
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
@@ -39,40 +38,8 @@ if TYPE_CHECKING:
     from tests.conftest import S3Server
 
 MiB = 1 << 20
-WAIT = 30.0  # a deadlock fails the test instead of hanging it
 SIZE = 4 * MiB  # an N5 raw 128^3 uint16 block
 CACHE = 16 * MiB  # admits objects up to 4 MiB: three cached and one in flight fill it
-
-
-class Held(ForwardingStore):
-    """Holds every GET of a key in ``held`` after the inner read (its bytes loaded, not yet
-    returned) until :meth:`release`; ``failing`` keys raise StoreUnavailable instead."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.held: set[str] = set()
-        self.failing: set[str] = set()
-        self.reached: list[str] = []
-        self.arrived = threading.Condition()
-        self.opened = threading.Event()
-
-    def wait_reached(self, count: int) -> None:
-        with self.arrived:
-            assert self.arrived.wait_for(lambda: len(self.reached) >= count, WAIT)
-
-    def release(self) -> None:
-        self.opened.set()
-
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        data = super().get(key, byte_range)
-        if key in self.held:
-            with self.arrived:
-                self.reached.append(key)
-                self.arrived.notify_all()
-            assert self.opened.wait(WAIT), "never released"
-        if key in self.failing:
-            raise StoreUnavailable(f"{key}: the store failed")
-        return data
 
 
 def _reader(store: KvStore, *, ahead: bool = False) -> ObjectReader:
@@ -101,37 +68,37 @@ def _objects(store: KvStore, count: int) -> list[str]:
 
 
 @pytest.fixture
-def memory() -> Held:
-    return Held(MemoryStore())
+def memory() -> CountingStore:
+    return CountingStore(MemoryStore())
 
 
 @pytest.fixture
-def s3(s3_server: S3Server, s3_bucket: str) -> Iterator[Held]:
+def s3(s3_server: S3Server, s3_bucket: str) -> Iterator[CountingStore]:
     spec = S3Spec(bucket=s3_bucket, path="budget", endpoint=s3_server.endpoint)
     with S3Store.from_spec(spec) as store:
-        yield Held(store)
+        yield CountingStore(store)
 
 
-def _in_flight_fetches_count_against_the_budget(store: Held) -> None:
+def _in_flight_fetches_count_against_the_budget(store: CountingStore) -> None:
     keys = _objects(store.inner, 5)
     r = _reader(store)
     for key in keys[:3]:
         _read(r, store, key)
     assert (r.cache.size, r.cache.reserved) == (3 * SIZE, 0)
-    store.held = {keys[3], keys[4]}
+    held = store.gate("get", lambda key: key in {keys[3], keys[4]}, times=None)
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(_read, r, store, keys[3])
-        store.wait_reached(1)  # 4 MiB in memory, not yet cached
+        held.wait_reached(1)  # 4 MiB in memory, not yet cached
         assert r.cache.reserved == SIZE
         assert r.cache.used == CACHE
         assert r.cache.holds(keys[0])
         second = pool.submit(_read, r, store, keys[4])
-        store.wait_reached(2)
+        held.wait_reached(2)
         # room for the second fetch was made before its bytes arrived: the oldest went
         assert r.cache.reserved == 2 * SIZE
         assert r.cache.used <= CACHE
         assert not r.cache.holds(keys[0])
-        store.release()
+        held.release()
         assert len(first.result(WAIT)) == SIZE
         assert len(second.result(WAIT)) == SIZE
     assert r.cache.reserved == 0
@@ -142,37 +109,41 @@ def _in_flight_fetches_count_against_the_budget(store: Held) -> None:
 
 
 def test_a_fetch_in_flight_counts_against_the_budget_before_its_bytes_arrive(
-    memory: Held,
+    memory: CountingStore,
 ) -> None:
     _in_flight_fetches_count_against_the_budget(memory)
 
 
 @pytest.mark.s3
-def test_an_s3_get_in_flight_counts_against_the_budget(s3: Held) -> None:
+def test_an_s3_get_in_flight_counts_against_the_budget(s3: CountingStore) -> None:
     _in_flight_fetches_count_against_the_budget(s3)
 
 
-def test_read_ahead_in_flight_counts_against_the_budget(memory: Held) -> None:
+def test_read_ahead_in_flight_counts_against_the_budget(memory: CountingStore) -> None:
     keys = _objects(memory.inner, 6)
     r = _reader(memory, ahead=True)
-    memory.held = set(keys[1:])
+    held = memory.gate("get", lambda key: key in keys[1:], times=None)
     _read(r, memory, keys[0])  # the first object of the folder: the next ones are fetched ahead
-    memory.wait_reached(1)
+    held.wait_reached(1)
     objects, nbytes = r.prefetcher.in_flight()
     assert objects >= 1
     assert r.cache.reserved == nbytes
     assert r.cache.used <= CACHE
-    memory.release()
+    held.release()
     assert r.prefetcher.idle(WAIT)
     assert r.cache.reserved == 0
     assert r.cache.used <= CACHE
     r.close()
 
 
-def test_a_failed_or_empty_fetch_gives_its_reservation_back(memory: Held) -> None:
+def test_a_failed_or_empty_fetch_gives_its_reservation_back(memory: CountingStore) -> None:
     keys = _objects(memory.inner, 2)
     r = _reader(memory)
-    memory.failing = {keys[0]}
+
+    def fail(call: Call) -> None:
+        raise StoreUnavailable(f"{call.key}: the store failed")
+
+    memory.hook("get", fail, key=keys[0], when="after")  # its bytes were loaded, then lost
     with pytest.raises(StoreUnavailable):
         _read(r, memory, keys[0])
     assert r.cache.reserved == 0

@@ -7,12 +7,12 @@ from __future__ import annotations
 import ctypes
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from n5fs.fuse_front import _lib
+from tests import REPO_ROOT
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -82,5 +82,5 @@ def test_every_missing_attribute_is_named_at_once() -> None:
 
 
 def test_pyproject_pins_the_same_range() -> None:
-    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     assert f"mfusepy{_lib.SUPPORTED_MFUSEPY}" in project["project"]["dependencies"]

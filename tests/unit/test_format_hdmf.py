@@ -404,7 +404,7 @@ def test_arbitrary_reserved_attributes_only_rejected(attrs: dict[str, Any]) -> N
 
 class ZarrReference(dict):  # type: ignore[type-arg]
     """Stands for ``hdmf_zarr.utils.ZarrReference`` (a dict subclass) where hdmf-zarr is not
-    installed; pickled under that module's name (tests/test_nwb.py uses the real one)."""
+    installed; pickled under that module's name (tests/mount/test_nwb.py uses the real one)."""
 
 
 @pytest.fixture

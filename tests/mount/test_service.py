@@ -33,10 +33,10 @@ from n5fs.cli.sdnotify import Notifier, socket_address, status_interval, status_
 from n5fs.errors import InvalidSource
 from n5fs.fuse_front.mounts import is_stale, mount_entry
 from n5fs.kvstore.spec import S3Spec, ZipSpec, parse_spec
+from tests import REPO_ROOT
 from tests.mounting import CLI, real_mount, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
-UNIT = ROOT / "systemd" / "n5fs@.service"
+UNIT = REPO_ROOT / "systemd" / "n5fs@.service"
 HELPER = [sys.executable, "-m", "n5fs.cli.fstab"]
 
 needs_fuse = real_mount(120)
@@ -297,7 +297,7 @@ def test_s3_settings_reach_the_s3_store_of_the_source():
 
 
 def test_the_example_config_is_valid_and_documents_every_key():
-    example = ROOT / "systemd" / "n5fs.toml.example"
+    example = REPO_ROOT / "systemd" / "n5fs.toml.example"
     config = load_config(str(example))
     assert config.source is not None
     assert config.mountpoint is not None

@@ -9,7 +9,6 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -22,46 +21,27 @@ from n5fs.errors import IsAPrefix, KeyNotFound, StoreUnavailable
 from n5fs.gateway import EntryKind, Gateway, GatewayConfig
 from n5fs.gateway.namespace import walks as walks_module
 from n5fs.gateway.namespace.paths import FolderSplitter
-from n5fs.kvstore.base import KeyInfo, KvStore, Listing
+from n5fs.kvstore.base import KeyInfo, KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
-from n5fs.kvstore.wrappers import ForwardingStore
 from n5fs.singleflight import LoadingCache
-from n5fs.testing.doubles import FaultyStore
+from n5fs.testing.doubles import WAIT, CountingStore, FaultyStore
 
-WAIT = 30.0
 ROWS, COLS = 12, 5  # a 24 x 10 array in 2 x 2 chunks: 12 chunk folders of 5 chunks
 
 
-class CountingStore(ForwardingStore):
-    """Counts listings by prefix (walks apart) and probe batches; thread-safe (walks run on
-    the gateway's workers)."""
+def lists(store: CountingStore) -> Counter[str]:
+    """LISTs by prefix (walks apart)."""
+    return store.per_key("list")
 
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.lists: Counter[str] = Counter()
-        self.walks: Counter[str] = Counter()
-        self.probes = 0
-        self._lock = threading.Lock()
 
-    def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
-        with self._lock:
-            self.lists[prefix] += 1
-        return super().list(prefix, delimiter)
+def walks(store: CountingStore) -> Counter[str]:
+    return store.per_key("walk")
 
-    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
-        with self._lock:
-            self.walks[prefix] += 1
-        return super().walk(prefix)
 
-    def get_many(self, keys):  # type: ignore[no-untyped-def]
-        with self._lock:
-            self.probes += 1
-        return super().get_many(keys)
-
-    def below(self, prefix: str) -> int:
-        """LISTs of folders inside ``prefix`` (the folder itself included)."""
-        return sum(n for p, n in self.lists.items() if p.startswith(prefix))
+def below(store: CountingStore, prefix: str) -> int:
+    """LISTs of folders inside ``prefix`` (the folder itself included)."""
+    return sum(n for p, n in lists(store).items() if p.startswith(prefix))
 
 
 def zarr_v2_nested(tmp: Path, rows: int = ROWS, cols: int = COLS) -> dict[str, bytes]:
@@ -132,16 +112,16 @@ def test_every_chunk_lookup_of_a_nested_array_costs_one_walk(counted: CountingSt
     for key in chunk_keys():
         assert gw.stat("/" + key).kind is EntryKind.FILE
     if counted.traits.flat_listing_preferred:
-        assert counted.walks == {"arr/": 1}  # one walk answered all 12 folders
-        assert counted.below("arr/") == 0
+        assert walks(counted) == {"arr/": 1}  # one walk answered all 12 folders
+        assert below(counted, "arr/") == 0
     elif counted.traits.cheap_stat:  # a directory on disk: each file is one stat, no listing
-        assert not counted.walks
-        assert counted.below("arr/") == 0
+        assert not walks(counted)
+        assert below(counted, "arr/") == 0
     else:  # one listing per folder is cheaper than a walk
-        assert not counted.walks
-        assert counted.below("arr/") == ROWS
+        assert not walks(counted)
+        assert below(counted, "arr/") == ROWS
     assert gw.stat("/arr").kind is EntryKind.DIR  # lists the root (no array there)
-    before = (sum(counted.lists.values()), sum(counted.walks.values()))
+    before = (sum(lists(counted).values()), sum(walks(counted).values()))
     with pytest.raises(KeyNotFound):
         gw.stat("/arr/3/99")  # absent chunk in a folder that exists
     with pytest.raises(KeyNotFound):
@@ -152,9 +132,10 @@ def test_every_chunk_lookup_of_a_nested_array_costs_one_walk(counted: CountingSt
         assert names == [str(j) for j in range(COLS)]
     names = [n for n, _ in gw.readdir("/arr")]
     assert names == sorted([".zarray", ".zattrs", *map(str, range(ROWS))])
-    # the file store LISTs arr/ and arr/77/ (a scandir each)
-    if counted.traits.flat_listing_preferred:
-        assert (sum(counted.lists.values()), sum(counted.walks.values())) == before
+    if (
+        counted.traits.flat_listing_preferred
+    ):  # the file store LISTs arr/ and arr/77/ (a scandir each)
+        assert (sum(lists(counted).values()), sum(walks(counted).values())) == before
 
 
 def test_reads_answer_the_written_values(counted: CountingStore, array: dict[str, bytes]) -> None:
@@ -188,7 +169,7 @@ def test_commit_is_visible_at_once_and_outside_writes_after_the_ttl(
     gw.drop_caches()
     assert gw.lookup("/arr/13/2") is not None
     if counted.traits.flat_listing_preferred:
-        assert counted.walks == {"arr/": 3}  # at first, after the TTL, after drop_caches
+        assert walks(counted) == {"arr/": 3}  # at first, after the TTL, after drop_caches
 
 
 def test_walk_budget_leaves_the_rest_to_folder_listings(counted: CountingStore) -> None:
@@ -201,17 +182,17 @@ def test_walk_budget_leaves_the_rest_to_folder_listings(counted: CountingStore) 
     with pytest.raises(KeyNotFound):
         gw.stat("/arr/5/9")
     if counted.traits.flat_listing_preferred:
-        assert counted.walks == {"arr/": 1}
-        assert counted.lists == {f"arr/{i}/": 1 for i in range(2, ROWS)}
+        assert walks(counted) == {"arr/": 1}
+        assert lists(counted) == {f"arr/{i}/": 1 for i in range(2, ROWS)}
 
 
 def test_flat_listings_off(counted: CountingStore) -> None:
     gw = Gateway(counted, GatewayConfig(flat_list_keys=0))
     for key in chunk_keys():
         gw.stat("/" + key)
-    assert not counted.walks
+    assert not walks(counted)
     # (a local disk stats each file instead: no folder listed at all)
-    assert counted.lists == (
+    assert lists(counted) == (
         {} if counted.traits.cheap_stat else {f"arr/{i}/": 1 for i in range(ROWS)}
     )
 
@@ -243,10 +224,10 @@ def test_big_array_is_split_and_walked_in_parallel(
                 == values[2 * i : 2 * i + 2, 2 * j : 2 * j + 2, 6:8].tobytes()
             )
     if store.traits.flat_listing_preferred:
-        assert store.walks == {"arr/0/": 1, "arr/1/": 1, "arr/2/": 1}
-        assert store.below("arr/") == 1 == store.lists["arr/"]  # the plan's LIST
+        assert walks(store) == {"arr/0/": 1, "arr/1/": 1, "arr/2/": 1}
+        assert below(store, "arr/") == 1 == lists(store)["arr/"]  # the plan's LIST
     else:
-        assert store.below("arr/") == 3 + 12
+        assert below(store, "arr/") == 3 + 12
 
 
 def twelve_parts(tmp: Path) -> dict[str, bytes]:
@@ -284,30 +265,16 @@ def test_parts_are_walked_when_needed_and_again_after_the_ttl(
     gw = Gateway(store, GatewayConfig(ttl=5.0), clock=lambda: now[0])
     assert gw.stat("/arr/1/0/1").kind is EntryKind.FILE
     settle(gw)
-    assert store.walks == {"arr/1/": 1, "arr/10/": 1, "arr/2/": 1}
-    assert store.lists == {"arr/": 1}  # the plan
+    assert walks(store) == {"arr/1/": 1, "arr/10/": 1, "arr/2/": 1}
+    assert lists(store) == {"arr/": 1}  # the plan
     for i in (1, 2, 10):
         assert [n for n, _ in gw.readdir(f"/arr/{i}/1")] == ["0", "1"]
-    assert sum(store.walks.values()) == 3
-    assert store.lists == {"arr/": 1}
+    assert sum(walks(store).values()) == 3
+    assert lists(store) == {"arr/": 1}
     now[0] = 6.0
     assert gw.stat("/arr/2/1/0").kind is EntryKind.FILE
     settle(gw)
-    assert store.walks == {"arr/1/": 1, "arr/10/": 1, "arr/2/": 2, "arr/3/": 1}
-
-
-class HeldPart(ForwardingStore):
-    """Holds the walk of one prefix until released."""
-
-    def __init__(self, inner: KvStore, prefix: str) -> None:
-        super().__init__(inner)
-        self.prefix = prefix
-        self.opened = threading.Event()
-
-    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
-        if prefix == self.prefix:
-            assert self.opened.wait(WAIT), "the walk was never released"
-        return super().walk(prefix)
+    assert walks(store) == {"arr/1/": 1, "arr/10/": 1, "arr/2/": 2, "arr/3/": 1}
 
 
 def test_an_impatient_waiter_lists_its_folder_alone(
@@ -317,31 +284,19 @@ def test_an_impatient_waiter_lists_its_folder_alone(
     (here: held) lists its folder itself; the walk fills the rest when it comes."""
     monkeypatch.setattr(walks_module, "PAGE", 2)
     monkeypatch.setattr(walks_module, "MIN_PATIENCE", 0.01)
-    inner = CountingStore(MemoryStore())
+    store = CountingStore(MemoryStore())
     for key, value in twelve_parts(tmp_path).items():
-        inner.inner.set(key, value)
-    store = HeldPart(inner, "arr/5/")
+        store.inner.set(key, value)
+    held = store.gate("walk", "arr/5/", when="before", times=None)
     gw = Gateway(store)
     try:
         assert gw.stat("/arr/0/0/0").kind is EntryKind.FILE  # times pages (arr/0/, 1/, 10/)
         settle(gw)
         assert gw.stat("/arr/5/1/1").kind is EntryKind.FILE  # arr/5/ is held
-        assert inner.lists["arr/5/1/"] == 1
+        assert lists(store)["arr/5/1/"] == 1
     finally:
-        store.opened.set()
+        held.release()
     assert [n for n, _ in gw.readdir("/arr/6/0")] == ["0", "1"]  # read ahead with arr/5/
-
-
-class HeldWalks(ForwardingStore):
-    """Holds every walk until released (LISTs pass)."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.opened = threading.Event()
-
-    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
-        assert self.opened.wait(WAIT), "the walks were never released"
-        return super().walk(prefix)
 
 
 @pytest.mark.parametrize("page", [2, 6])  # 70 keys in 12 folders: split, or one walk
@@ -351,17 +306,18 @@ def test_a_big_array_answers_its_own_folder_before_its_chunk_tree(
     """``ls`` of a big array's folder waits for the plan's one LIST, not for the walk of its
     chunk tree (split into first-level folders or not)."""
     monkeypatch.setattr(walks_module, "PAGE", page)
-    store = HeldWalks(MemoryStore())
+    store = CountingStore(MemoryStore())
     for key, value in zarr_v2_nested(tmp_path).items():
         store.inner.set(key, value)
     store.inner.set(".zgroup", b'{"zarr_format": 2}')  # in a group: its folder is walked too
+    held = store.gate("walk", when="before", times=None)  # every walk held, LISTs pass
     gw = Gateway(store)
     try:
         with ThreadPoolExecutor(1) as pool:
             names = pool.submit(gw.readdir, "/arr")  # starts the walk; its chunk tree is held
             assert len(names.result(WAIT)) == 2 + ROWS
     finally:
-        store.opened.set()
+        held.release()
     assert gw.stat("/arr/3/1").kind is EntryKind.FILE
 
 
@@ -375,12 +331,12 @@ def test_plain_trees_are_not_probed() -> None:
     store = CountingStore(inner)
     gw = Gateway(store)
     assert gw.lookup("/docs") is not None  # lists the root
-    probes = store.probes
+    probes = store.count("get_many")
     for i in range(5):
         assert gw.stat(f"/docs/{i}").kind is EntryKind.DIR
         assert gw.stat(f"/docs/{i}/notes.txt").size == 1
-    assert store.probes == probes
-    assert not store.walks
+    assert store.count("get_many") == probes
+    assert not walks(store)
 
 
 def test_failed_walk_falls_back_to_folder_listings(array: dict[str, bytes]) -> None:
@@ -397,25 +353,6 @@ def test_failed_walk_falls_back_to_folder_listings(array: dict[str, bytes]) -> N
 # -- the batch rule: a walk never hides a commit ------------------------------------------------
 
 
-class GatedWalks(ForwardingStore):
-    """Pauses the first walk of ``arr/`` between its LIST (done) and its answer (not yet
-    handed to the gateway), until released."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.armed = False
-        self.reached = threading.Event()
-        self.opened = threading.Event()
-
-    def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
-        keys = list(self.inner.walk(prefix))  # the store has answered
-        if self.armed and prefix == "arr/":
-            self.armed = False
-            self.reached.set()
-            assert self.opened.wait(WAIT), "the walk gate was never released"
-        return iter(keys)
-
-
 @pytest.mark.parametrize("commit_at", [10.0, 11.0])  # same clock tick as the walk, or later
 def test_walk_loaded_before_a_commit_does_not_hide_it(
     array: dict[str, bytes], commit_at: float
@@ -424,24 +361,25 @@ def test_walk_loaded_before_a_commit_does_not_hide_it(
     for key, value in array.items():
         if key != "arr/1/4":  # the chunk the commit will add to an existing folder
             inner.set(key, value)
-    store = GatedWalks(inner)
+    store = CountingStore(inner)
     now = [0.0]
     gw = Gateway(store, GatewayConfig(ttl=5.0), clock=lambda: now[0])
     fh = gw.create("/arr/1/4", os.O_WRONLY)  # looked up now (a first walk ran)
     gw.write(fh, array["arr/1/4"], 0)
     now[0] = 10.0  # every listing and the first walk expire
-    store.armed = True
+    # the next walk of arr/ pauses between its LIST (done) and its answer (not yet handed over)
+    walk = store.gate("walk", "arr/")
     try:
         with ThreadPoolExecutor(1) as pool:
             lister = pool.submit(gw.readdir, "/arr/1")  # starts the second walk
-            assert store.reached.wait(WAIT), "the walk never started"
+            walk.wait_reached()
             now[0] = commit_at
             gw.flush(fh)  # the commit lands while the walk's answer (without it) is on its way
             gw.release(fh)
-            store.opened.set()
+            walk.release()
             lister.result(WAIT)  # its question began before the commit: either answer is right
     finally:
-        store.opened.set()
+        walk.release()
     assert gw.stat("/arr/1/4").size == len(array["arr/1/4"])
     assert [name for name, _ in gw.readdir("/arr/1")] == ["0", "1", "2", "3", "4"]
     assert gw.view.listings.discarded >= 1  # the walk's arr/1/ was not stored
@@ -599,14 +537,9 @@ def test_a_failed_refresh_ends_the_stale_answers() -> None:
         cache.load("zarr/", slow_list)
 
 
-class StatCounting(CountingStore):
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.stats: list[str] = []
-
-    def stat(self, key: str) -> KeyInfo | None:
-        self.stats.append(key)
-        return super().stat(key)
+def stats(store: CountingStore) -> list[str]:
+    """The keys ``stat`` was asked for, in order."""
+    return [call.key for call in store.calls_of("stat")]
 
 
 def test_a_file_lookup_on_a_local_disk_stats_the_file_not_its_folder(tmp_path: Path) -> None:
@@ -622,26 +555,26 @@ def test_a_file_lookup_on_a_local_disk_stats_the_file_not_its_folder(tmp_path: P
         (root / "a" / f"c{i}").write_bytes(b"x" * i)
     partial = temp_name("c1")
     (root / "a" / partial).write_bytes(b"a writer's temp file")
-    store = StatCounting(FileStore(root))
+    store = CountingStore(FileStore(root))
     assert store.traits.cheap_stat
     gw = Gateway(store, GatewayConfig())
     attr = gw.stat("/a/c7")
     assert (attr.kind, attr.size) == (EntryKind.FILE, 7)
-    assert store.stats == ["a/c7"]
-    assert store.lists["a/"] == 0
+    assert stats(store) == ["a/c7"]
+    assert lists(store)["a/"] == 0
     assert store.stat(f"a/{partial}") is None  # never a key, listed or asked
-    store.stats.clear()
+    store.clear()
     for missing in ("a/missing", "a/nowhere/c0", "b/c0"):
         with pytest.raises(KeyNotFound):
             gw.stat(f"/{missing}")
-    assert store.lists == {}  # nothing on disk: no listing needed to say so
+    assert lists(store) == {}  # nothing on disk: no listing needed to say so
     with pytest.raises(KeyNotFound):
         gw.stat(f"/a/{partial}")  # on disk, but no key: the listing decides
-    assert store.lists["a/"] == 1
+    assert lists(store)["a/"] == 1
     assert gw.stat("/a/sub").kind is EntryKind.DIR
     assert gw.stat("/a/c9").size == 9
-    assert store.stats == ["a/missing", "a/nowhere/c0", "b/c0", f"a/{partial}"]  # then listed
-    assert store.lists["a/"] == 1
+    assert stats(store) == ["a/missing", "a/nowhere/c0", "b/c0", f"a/{partial}"]  # then listed
+    assert lists(store)["a/"] == 1
 
 
 def test_an_open_for_reading_on_a_local_disk_lists_nothing(tmp_path: Path) -> None:
@@ -656,28 +589,28 @@ def test_an_open_for_reading_on_a_local_disk_lists_nothing(tmp_path: Path) -> No
         (root / "a" / f"c{i}").write_bytes(bytes([i]) * (i + 1))
     partial = temp_name("c5")  # (a new name at every call)
     (root / "a" / partial).write_bytes(b"half written")
-    store = StatCounting(FileStore(root))
+    store = CountingStore(FileStore(root))
     gw = Gateway(store, GatewayConfig())
     for i in (3, 11):
         gw.stat(f"/a/c{i}")
         fh = gw.open(f"/a/c{i}", os.O_RDONLY)
         assert gw.read(fh, 100, 0) == bytes([i]) * (i + 1)
         gw.release(fh)
-    assert store.lists["a/"] == 0
-    assert store.stats == ["a/c3", "a/c11"]  # the lookups; each open fstats its descriptor
+    assert lists(store)["a/"] == 0
+    assert stats(store) == ["a/c3", "a/c11"]  # the lookups; each open fstats its descriptor
     for name, error in ((partial, KeyNotFound), ("", IsAPrefix), ("gone", KeyNotFound)):
         with pytest.raises(error):
             gw.open(f"/a/{name}".rstrip("/"), os.O_RDONLY)  # the namespace words it
-    assert store.lists["a/"] == 1  # the misses asked the folder's listing
+    assert lists(store)["a/"] == 1  # the misses asked the folder's listing
 
 
 def test_a_store_without_cheap_stat_answers_lookups_from_its_listing() -> None:
     inner = MemoryStore()
     for i in range(5):
         inner.set(f"a/c{i}", b"x" * i)
-    store = StatCounting(inner)
+    store = CountingStore(inner)
     assert not store.traits.cheap_stat
     gw = Gateway(store, GatewayConfig())
     assert [gw.stat(f"/a/c{i}").size for i in range(5)] == list(range(5))
-    assert store.stats == []
-    assert store.lists["a/"] == 1
+    assert stats(store) == []
+    assert lists(store)["a/"] == 1

@@ -34,8 +34,8 @@ from n5fs.errors import InvalidSource, ReadOnly, errno_of
 from n5fs.fuse_front.options import parse_options
 from n5fs.gateway import EntryKind, Gateway, GatewayConfig
 from n5fs.kvstore import open_store
-from n5fs.kvstore.base import ByteRange, KvStore
-from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.kvstore.base import ByteRange
+from n5fs.testing.doubles import CountingStore
 from n5fs.views import open_view
 from n5fs.views.base import View
 from n5fs.views.npy import c_boxes
@@ -233,16 +233,9 @@ def native(root: Path, path: str) -> np.ndarray[Any, Any]:
     return np.asarray(ts.open(spec).result().read().result())
 
 
-class CountingStore(ForwardingStore):
-    """Records every ``get`` (key, range); probes through ``get_many`` are not recorded."""
-
-    def __init__(self, inner: KvStore) -> None:
-        super().__init__(inner)
-        self.gets: list[tuple[str, ByteRange | None]] = []
-
-    def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-        self.gets.append((key, byte_range))
-        return super().get(key, byte_range)
+def gets(store: CountingStore) -> list[tuple[str, ByteRange | None]]:
+    """Every ``get`` (key, range) so far; probes through ``get_many`` are not among them."""
+    return [(call.key, call.byte_range) for call in store.calls_of("get")]
 
 
 def view_of(root: Path, fmt: str) -> tuple[View, CountingStore]:
@@ -350,8 +343,8 @@ def test_sizes_and_listings_read_no_chunk(source: Path) -> None:
         for path in files:
             view.stat(path)
         assert files
-        indexes = [(k, r) for k, r in store.gets if "sharded/" in k and r is not None]
-        assert store.gets == indexes, (fmt, store.gets[:5])
+        indexes = [(k, r) for k, r in gets(store) if "sharded/" in k and r is not None]
+        assert gets(store) == indexes, (fmt, gets(store)[:5])
         assert all(r.length == 4 * 16 + 4 for _, r in indexes)  # 2 x 2 entries + crc32c
         shards = [p for p in source.glob("v3/*sharded/c/*/*") if p.is_file()]
         assert len(indexes) == len({k for k, _ in indexes})
@@ -366,14 +359,14 @@ def test_a_view_chunk_costs_one_get(source: Path) -> None:
         ("n5/z5/lz4/3d", "2.2.1"),
         ("n5/ts/zstd/2d", "1.2"),
     ):
-        store.gets.clear()
+        store.clear()
         data = view.read_file(f"/{name}/{chunk}")
         source_key = f"{name}/{'/'.join(reversed(chunk.split('.')))}"
-        assert store.gets == [(source_key, None)]
+        assert gets(store) == [(source_key, None)]
         assert data
-        store.gets.clear()
+        store.clear()
         assert view.read_file(f"/{name}/{chunk}") == data
-        assert store.gets == []  # the second open is served from the byte cache
+        assert gets(store) == []  # the second open is served from the byte cache
 
 
 def test_kept_payloads_are_the_stored_bytes(source: Path) -> None:
@@ -487,8 +480,9 @@ def test_transposed_shards_read_as_zarr2(tmp_path: Path, capsys) -> None:
     # one inner chunk read in a fresh view: two ranged GETs of its shard, index and chunk
     fresh, store = view_of(root, "zarr2")
     assert fresh.read_file("/before/1.7.11") == (copy / "before/1.7.11").read_bytes()
-    assert [key for key, _ in store.gets] == ["before/c/1/0/1"] * 2
-    assert all(byte_range is not None for _, byte_range in store.gets)
+    gets = store.calls_of("get")
+    assert [call.keys for call in gets] == [("before/c/1/0/1",)] * 2
+    assert all(call.byte_range is not None for call in gets)
     assert main(["detect", str(root), "--as", "zarr2", "--json"]) == 0
     nodes = {n["path"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}
     assert nodes["before"]["chunks"] == [4, 1, 2]
@@ -557,12 +551,12 @@ def test_npy_reads_fetch_only_the_chunks_they_touch(tmp_path: Path) -> None:
     fh = view.open("/a.npy", os.O_RDONLY)
     header = view.read(fh, 128, 0)
     offset = header.index(b"\n") + 1  # numpy pads the header with spaces to its newline
-    store.gets.clear()
+    store.clear()
     # the view is 48 x 64 (reversed); rows 17..22, off by a byte, lie in view chunk row 2
     start = 17 * 64 * 2 + 1
     data = view.read(fh, 5 * 64 * 2 + 3, offset + start)
     assert data == values.T.astype(">u2").tobytes()[start : start + 5 * 64 * 2 + 3]
-    fetched = sorted(key for key, _ in store.gets)
+    fetched = sorted(key for key, _ in gets(store))
     assert fetched == sorted(f"a/{x}/2" for x in range(8))  # N5 blocks (x, 2): one chunk row
     view.release(fh)
 
@@ -711,12 +705,8 @@ def test_parallel_reads_of_one_chunk_decode_it_once(tmp_path: Path) -> None:
     root = tmp_path / "src"
     tensorstore_n5(root / "ds", ramp((64, 64)), [64, 64], {"type": "gzip"})
 
-    class Slow(CountingStore):
-        def get(self, key: str, byte_range: ByteRange | None = None) -> bytes | None:
-            time.sleep(0.2)
-            return super().get(key, byte_range)
-
-    store = Slow(open_store(str(root)))
+    store = CountingStore(open_store(str(root)))
+    store.hook("get", lambda call: time.sleep(0.2))  # a slow GET
     view = open_view(Gateway(store, GatewayConfig(read_only=True)), "npy")
     handles = [view.open("/ds.npy", os.O_RDONLY) for _ in range(4)]
     start = threading.Barrier(4)
@@ -732,5 +722,5 @@ def test_parallel_reads_of_one_chunk_decode_it_once(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert len(set(pieces)) == 1
-    assert store.gets == [("ds/0/0", None)]
+    assert gets(store) == [("ds/0/0", None)]
     assert view.stats()["decoded"] == 1
