@@ -147,6 +147,12 @@ class Gateway:
             control=self._control_bytes,
             read_only=self.read_only,
         )
+        calls = self.calls
+        self.open, self.create, self.page_cache = calls.open, calls.create, calls.page_cache
+        self.read, self.read_fd, self.write = calls.read, calls.read_fd, calls.write
+        self.read_unopened, self.read_fd_unopened = calls.read_unopened, calls.read_fd_unopened
+        self.truncate, self.utimens = calls.truncate, calls.utimens
+        self.flush, self.fsync, self.release = calls.flush, calls.fsync, calls.release
 
     @property
     def rejections(self) -> list[Rejection]:
@@ -184,7 +190,7 @@ class Gateway:
     # == control entries and housekeeping ===========================================================
 
     def _control_bytes(self, key: str) -> bytes:
-        return self.control.content(key)
+        return self.control.content(key)  # (made before the control entries exist)
 
     def stats(self) -> dict[str, int]:
         return self.control.stats()
@@ -194,40 +200,25 @@ class Gateway:
         uploads); called once at mount, in the background. Returns how many were removed."""
         return 0 if self.read_only else self.control.sweep(self.store)
 
-    # == open / read / write =======================================================================
+    # == open / read / write / commits =============================================================
+    #
+    # The calls on a file's content are the file calls' own methods, bound in ``__init__``
+    # (:class:`~n5fs.gateway.write.filecalls.FileCalls` documents each): this class adds
+    # nothing to them, so it keeps no second layer of methods (and the hot path no extra call).
 
-    def _check_mutable(self, key: str) -> None:
-        self.calls.check_mutable(key)
-
-    def open(self, path: str, flags: int) -> int:
-        return self.calls.open(path, flags)
-
-    def page_cache(self, fh: int) -> PageCache:
-        """What the kernel does with the pages it caches of the file at this open
-        (:meth:`FileCalls.page_cache <n5fs.gateway.write.filecalls.FileCalls.page_cache>`)."""
-        return self.calls.page_cache(fh)
-
-    def create(self, path: str, flags: int = os.O_WRONLY) -> int:
-        return self.calls.create(path, flags)
-
-    def read(self, fh: int, size: int, offset: int) -> bytes:
-        return self.calls.read(fh, size, offset)
-
-    def read_fd(self, fh: int, size: int, offset: int) -> int | None:
-        """The descriptor a read may be served from directly (the FUSE front hands it to
-        libfuse), None when the read must go through :meth:`read`."""
-        return self.calls.read_fd(fh, size, offset)
-
-    def read_unopened(self, path: str, size: int, offset: int) -> bytes:
-        """A read that no ``open`` came before, as bytes (zero-message opens of a read-only
-        mount of local files, :attr:`opens_optional`; control entries are read so)."""
-        return self.calls.read_unopened(path, size, offset)
-
-    def read_fd_unopened(self, path: str, size: int, offset: int) -> int | None:
-        """The descriptor a read of a file that no ``open`` came before is served from, open
-        until the calling thread's next such read; None for a control entry
-        (:mod:`~n5fs.gateway.read.unopened`)."""
-        return self.calls.read_fd_unopened(path, size, offset)
+    open: Callable[[str, int], int]
+    create: Callable[..., int]
+    read: Callable[[int, int, int], bytes]
+    read_fd: Callable[[int, int, int], int | None]
+    read_unopened: Callable[[str, int, int], bytes]
+    read_fd_unopened: Callable[[str, int, int], int | None]
+    page_cache: Callable[[int], PageCache]
+    write: Callable[[int, bytes, int], int]
+    truncate: Callable[..., None]
+    flush: Callable[[int], None]
+    fsync: Callable[[int], None]
+    release: Callable[[int], None]
+    utimens: Callable[[str, float], None]
 
     @property
     def opens_optional(self) -> bool:
@@ -238,31 +229,11 @@ class Gateway:
         local = self.reader.local
         return self.read_only and local is not None and local.local_folder("") is not None
 
-    def write(self, fh: int, data: bytes, offset: int) -> int:
-        return self.calls.write(fh, data, offset)
-
-    def truncate(self, path: str, length: int, fh: int | None = None) -> None:
-        self.calls.truncate(path, length, fh)
-
-    # == commits ===================================================================================
-
-    def flush(self, fh: int) -> None:
-        self.calls.flush(fh)
-
-    def fsync(self, fh: int) -> None:
-        self.calls.fsync(fh)
-
-    def release(self, fh: int) -> None:
-        self.calls.release(fh)
-
-    def utimens(self, path: str, mtime: float) -> None:
-        self.calls.utimens(path, mtime)
-
     # == namespace changes =========================================================================
 
     def unlink(self, path: str) -> None:
         key = path_to_key(path)
-        self._check_mutable(key)
+        self.calls.check_mutable(key)
         attr = self.view.stat(key)
         if attr.kind is EntryKind.DIR:
             raise IsAPrefix(f"is a directory: {path}")
@@ -282,14 +253,14 @@ class Gateway:
 
     def mkdir(self, path: str) -> None:
         key = path_to_key(path)
-        self._check_mutable(key)
+        self.calls.check_mutable(key)
         if self.view.lookup(key) is not None:
             raise KeyExists(f"file exists: {path}")
         self.view.note_mkdir(key)
 
     def rmdir(self, path: str) -> None:
         key = path_to_key(path)
-        self._check_mutable(key)
+        self.calls.check_mutable(key)
         if not key:
             raise AccessDenied("cannot remove the mount root")
         above = folders_above(key)
@@ -303,8 +274,8 @@ class Gateway:
 
     def rename(self, old: str, new: str) -> None:
         src, dst = path_to_key(old), path_to_key(new)
-        self._check_mutable(src)
-        self._check_mutable(dst)
+        self.calls.check_mutable(src)
+        self.calls.check_mutable(dst)
         if not src or not dst:
             raise AccessDenied("cannot rename the mount root")
         attr = self.view.stat(src)
@@ -321,14 +292,14 @@ class Gateway:
 
     def link(self, src_path: str, dst_path: str) -> None:
         src, dst = path_to_key(src_path), path_to_key(dst_path)
-        self._check_mutable(dst)
+        self.calls.check_mutable(dst)
         if self.view.stat(src).kind is not EntryKind.FILE:
             raise AccessDenied(f"only files can be linked: {src_path}")
         self.renamer.link(src, dst)
 
     def symlink(self, target: str, path: str) -> None:
         key = path_to_key(path)
-        self._check_mutable(key)
+        self.calls.check_mutable(key)
         self.renamer.symlink(target, key)
 
     # == filesystem ================================================================================
