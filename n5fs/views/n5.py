@@ -6,7 +6,10 @@ payload of the N5 block at the reversed position: N5 payloads are big-endian in 
 the N5 dimensions, which is C order of the Zarr ones. A sharded v3 array shows each *inner*
 chunk as a block (``blockSize`` is the inner chunk shape). Groups (and the root, which
 carries ``"n5": "4.0.0"``) get an ``attributes.json`` with their attributes; an N5
-hierarchy already in the store is shown as stored.
+hierarchy already in the store is shown as stored. Attributes go through
+:func:`~n5fs.views.attributes.to_n5`: one that does not fit the N5 key of its name (a dataset
+key, ``units`` that are no list of strings, ...) is kept under ``zarr_attributes``, fitting
+per-axis conventions are reversed, a v3 array's ``dimension_names`` are its ``axes``.
 
 Blocks (:class:`N5Dataset`), at ``x/y/z`` (N5 order, one folder per axis but the last):
 
@@ -44,6 +47,7 @@ from n5fs.formats.zarr2 import Zarr2ArrayNode
 from n5fs.formats.zarr3 import Zarr3ArrayNode
 from n5fs.gateway.namespace.paths import EntryKind
 from n5fs.views import codecs
+from n5fs.views.attributes import to_n5
 from n5fs.views.codecs import N5, ViewCodec
 from n5fs.views.source import (
     Located,
@@ -75,8 +79,6 @@ if TYPE_CHECKING:
 
 N5_VERSION = "4.0.0"
 ATTRIBUTES = "attributes.json"
-#: the keys of an N5 dataset's attributes.json (Zarr attributes of these names are dropped)
-DATASET_KEYS = ("dimensions", "blockSize", "dataType", "compression")
 _N5_TYPES = frozenset(
     ["uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64"]
 )
@@ -92,7 +94,9 @@ class N5Dataset:
 
     @cached_property
     def document(self) -> bytes:
-        doc = {k: v for k, v in self.attributes.items() if k not in DATASET_KEYS}
+        node = self.source.node  # a v3 array's axis names are its dimension_names
+        names = node.dimension_names if isinstance(node, Zarr3ArrayNode) else None
+        doc = to_n5(self.attributes, self.rank, names, named=isinstance(node, Zarr3ArrayNode))
         doc.update(
             dimensions=list(self.source.shape[::-1]),
             blockSize=list(self.source.units[::-1]),
@@ -241,7 +245,7 @@ class N5Tree(ViewTree):
         root = folder.prefix == ""
         if folder.kind is not FolderKind.GROUP and not root:
             return {}  # a plain folder: an N5 group without attributes
-        attrs = dict(folder.node.attributes) if folder.node is not None else {}
+        attrs = to_n5(folder.node.attributes) if folder.node is not None else {}
         if root:
             attrs["n5"] = N5_VERSION
         return {ATTRIBUTES: to_json(attrs)}

@@ -13,6 +13,9 @@ translates). What an N5 writer writes becomes:
   ``zstd``, ``blosc``);
 - ``attributes.json`` without dataset keys: the attributes of the group (or of the array)
   in that folder (the root's ``n5`` version is N5's, not kept);
+- in both, the attributes through :func:`~n5fs.views.attributes.from_n5`: those kept under
+  ``zarr_attributes`` come back as they were, fitting per-axis conventions reversed, and a
+  v3 array's ``axes`` are its ``dimension_names``;
 - a block at ``x/y/z``: decoded with the dataset's N5 document (the one written in this
   mount, else the view's), clipped end blocks included, and re-encoded by the native array
   as the full chunk at the reversed position under its own key.
@@ -37,6 +40,7 @@ from n5fs.detect import Folder, FolderKind
 from n5fs.errors import KeyNotFound, Rejected
 from n5fs.formats.n5 import ATTRIBUTES, N5ArrayNode, N5Format, is_dataset_attributes
 from n5fs.kvstore.keys import basename, parent
+from n5fs.views.attributes import from_n5
 from n5fs.views.removal import ARRAY, GROUP
 from n5fs.views.source import ShardedSource
 from n5fs.views.tree import Entry, document
@@ -45,6 +49,7 @@ from n5fs.views.writes import ViewWrites, _Declared
 if TYPE_CHECKING:
     from n5fs.formats.base import ArrayNode
     from n5fs.gateway import Gateway
+    from n5fs.views.attributes import DimensionNames
     from n5fs.views.n5 import N5Tree
     from n5fs.views.zarr import ZarrTree
 
@@ -194,32 +199,43 @@ class N5ViewWrites(ViewWrites):
         prefix = folder + "/" if folder else ""
         parsed = N5Format().parse_metadata(ATTRIBUTES, data, path="/" + key)
         attrs = _json(data, key, fmt)
-        custom = {k: v for k, v in attrs.items() if k != "n5" and k not in _DATASET}
+        v3 = fmt == "zarr3"
         if is_dataset_attributes(attrs):
             assert isinstance(parsed, N5ArrayNode)
-            self._dataset(prefix, parsed, attrs, custom, fmt, key)
+            custom, names = from_n5(attrs, len(parsed.shape), named=v3)
+            self._dataset(prefix, parsed, attrs, custom, names, fmt, key)
             with self._lock:
                 self._declared[prefix] = _Declared(parsed, ATTRIBUTES, data)
             return
         current = self.tree.access.folder(folder)
         if current.kind is FolderKind.ARRAY and current.fmt in WRITABLE:
-            self._array_attributes(prefix, custom, fmt)
+            assert current.array is not None
+            custom, names = from_n5(attrs, len(current.array.shape), named=v3)
+            self._array_attributes(prefix, custom, names, fmt)
             with self._lock:  # the document written before no longer says what is stored
                 self._declared.pop(prefix, None)
-        elif fmt == "zarr3":
+            return
+        custom, _ = from_n5(attrs)
+        if v3:
             group = {"zarr_format": 3, "node_type": "group", "attributes": custom}
             self._native("/" + prefix + "zarr.json", _dump(group))
         else:
             self._native("/" + prefix + ".zgroup", _dump({"zarr_format": 2}))
             self._native("/" + prefix + ".zattrs", _dump(custom))
 
-    def _array_attributes(self, prefix: str, custom: dict[str, Any], fmt: str) -> None:
-        """An N5 writer's attributes of an existing array (no dataset keys)."""
+    def _array_attributes(
+        self, prefix: str, custom: dict[str, Any], names: DimensionNames | None, fmt: str
+    ) -> None:
+        """An N5 writer's attributes of an existing array (no dataset keys): they replace the
+        array's attributes, and in v3 its ``dimension_names`` (the N5 ``axes``)."""
         if fmt == "zarr2":
             self._native("/" + prefix + ".zattrs", _dump(custom))
             return
         doc = json.loads(self.gateway.read_file("/" + prefix + "zarr.json"))
         doc["attributes"] = custom
+        doc.pop("dimension_names", None)
+        if names is not None:
+            doc["dimension_names"] = list(names)
         self._native("/" + prefix + "zarr.json", _dump(doc))
 
     def _dataset(
@@ -228,6 +244,7 @@ class N5ViewWrites(ViewWrites):
         node: N5ArrayNode,
         attrs: dict[str, Any],
         custom: dict[str, Any],
+        names: DimensionNames | None,
         fmt: str,
         key: str,
     ) -> None:
@@ -264,6 +281,8 @@ class N5ViewWrites(ViewWrites):
             "codecs": codecs,
             "attributes": custom,
         }
+        if names is not None:
+            zarr_json["dimension_names"] = list(names)
         self._native("/" + prefix + "zarr.json", _dump(zarr_json))
 
     def _exists(self, key: str) -> bool:
@@ -272,10 +291,6 @@ class N5ViewWrites(ViewWrites):
         except KeyNotFound:
             return False
         return True
-
-
-#: the keys of an N5 dataset's attributes.json (the rest are the writer's attributes)
-_DATASET = ("dimensions", "blockSize", "dataType", "compression")
 
 
 def _dump(doc: dict[str, Any]) -> bytes:

@@ -3,12 +3,17 @@
 An N5 dataset becomes a Zarr array with its shape and chunk shape reversed (N5 lists the
 fastest axis first; in C order the bytes of a block need no transposition), its type in N5's
 big-endian byte order, fill value 0 (what N5 readers give for a missing block), and its
-attributes other than the dataset keys. A Zarr array of the other version is converted
-(a sharded v3 array seen as v2 shows each inner chunk as a chunk of its own, in the array's
-axes also where a ``transpose`` before ``sharding_indexed`` stored the shards transposed:
-such a chunk is served decoded unless the transpositions add up to F order; where a bytes
-codec after ``sharding_indexed`` wraps each shard, the chunks are whole shards, decoded); an
-array already of the target format, and everything of a native hierarchy, is shown as stored.
+attributes other than the dataset keys, through :func:`~n5fs.views.attributes.from_n5` (as
+are an N5 group's): those kept under ``zarr_attributes`` (Zarr attributes the N5 view could
+not give N5's key of that name) come back as they were, fitting per-axis conventions
+(``units``, ``resolution``, ...) are reversed into Zarr's axis order, and ``axes`` are the
+v3 array's ``dimension_names`` (in v2 the ``axes`` attribute). A Zarr array of the other
+version is converted (a sharded v3 array seen as v2 shows each inner chunk as a chunk of its
+own, in the array's axes also where a ``transpose`` before ``sharding_indexed`` stored the
+shards transposed: such a chunk is served decoded unless the transpositions add up to F
+order; where a bytes codec after ``sharding_indexed`` wraps each shard, the chunks are whole
+shards, decoded); an array already of the target format, and everything of a native
+hierarchy, is shown as stored.
 
 Chunks (:class:`ZarrArray`):
 
@@ -44,6 +49,7 @@ from n5fs.formats.zarr2 import Zarr2ArrayNode
 from n5fs.formats.zarr3 import Zarr3ArrayNode
 from n5fs.gateway.namespace.paths import EntryKind
 from n5fs.views import codecs
+from n5fs.views.attributes import from_n5
 from n5fs.views.codecs import ZARR2, ZARR3, ViewCodec
 from n5fs.views.source import (
     Located,
@@ -93,6 +99,8 @@ class ZarrArray:
     identity: bool = False
     separator: str = "."
     attributes: Mapping[str, Any] = field(default_factory=dict)
+    #: a v3 array's ``dimension_names`` (None: none declared)
+    dimension_names: tuple[str | None, ...] | None = None
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -113,7 +121,7 @@ class ZarrArray:
         if self.order == "F":
             order = list(range(len(self.source.shape)))[::-1]
             codec_list.insert(0, {"name": "transpose", "configuration": {"order": order}})
-        return {
+        doc = {
             "zarr_format": 3,
             "node_type": "array",
             "shape": list(self.source.shape),
@@ -127,6 +135,9 @@ class ZarrArray:
             "codecs": codec_list + list(self.codec.config),
             "attributes": dict(self.attributes),
         }
+        if self.dimension_names is not None:
+            doc["dimension_names"] = list(self.dimension_names)
+        return doc
 
     def _zarray(self) -> dict[str, Any]:
         return {
@@ -297,7 +308,8 @@ def zarr_array(access: SourceAccess, folder: Folder, target: str) -> ZarrArray |
         return source
     if isinstance(source, N5Source):
         codec = codecs.from_n5(source.node.compression, target, source.dtype.itemsize)
-        return ZarrArray(source, target, codec, attributes=node.attributes)
+        attrs, names = from_n5(node.attributes, len(node.shape), named=target == ZARR3)
+        return ZarrArray(source, target, codec, attributes=attrs, dimension_names=names)
     assert isinstance(source, ZarrSource)
     why = _numeric(source.dtype, target)
     if why is not None:
@@ -337,6 +349,8 @@ class ZarrTree(ViewTree):
         if folder.kind is not FolderKind.GROUP or self.is_native(folder):
             return {}
         attrs = dict(folder.node.attributes) if folder.node is not None else {}
+        if folder.fmt == "n5":
+            attrs, _ = from_n5(attrs)
         if self.name == ZARR3:
             return {
                 "zarr.json": to_json({"zarr_format": 3, "node_type": "group", "attributes": attrs})

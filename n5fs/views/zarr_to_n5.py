@@ -18,12 +18,15 @@ import numpy as np
 from n5fs.codecs.n5_compression import compression_from_type, parse_compression
 from n5fs.errors import Rejected
 from n5fs.formats.base import ArrayNode
-from n5fs.formats.n5 import DATA_TYPES, VERSION0_COMPRESSION_KEY
+from n5fs.formats.n5 import DATA_TYPES, VERSION0_COMPRESSION_KEY, is_dataset_attributes
 from n5fs.formats.zarr2 import Zarr2Format
 from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format
 from n5fs.views import codecs
+from n5fs.views.attributes import to_n5
 
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+#: version 0's compression key: a dataset's, kept when its attributes are rewritten
+V0 = VERSION0_COMPRESSION_KEY
 
 
 def parse_document(view: str, name: str, data: bytes, key: str) -> Any:
@@ -38,27 +41,33 @@ def n5_attributes(
     """The folder's new ``attributes.json`` when the Zarr document ``name`` is written over
     ``current`` (the folder's attributes now), and the array node it declares (None: a group
     or attributes). v3 holds every attribute in ``zarr.json``; v2 in ``.zattrs``, written
-    apart from ``.zarray``; a group keeps its ``"n5"`` version."""
+    apart from ``.zarray``; a group keeps its ``"n5"`` version. The Zarr attributes become N5
+    ones through :func:`~n5fs.views.attributes.to_n5` (what does not fit N5's key of its name
+    is kept under ``zarr_attributes``; a v3 array's ``dimension_names`` are its ``axes``)."""
     if name == ".zattrs":
         doc = parse_json(data, key)
         if not isinstance(doc, dict):
             raise refusal(".zattrs must be a JSON object", key, "attributes")
-        merged = {k: v for k, v in current.items() if k in KEPT or k in DATASET}
-        return {**merged, **doc}, None
+        merged = {k: v for k, v in current.items() if k in KEPT or k in DATASET or k == V0}
+        dims = current.get("dimensions") if is_dataset_attributes(current) else None
+        rank = len(dims) if isinstance(dims, list) else None
+        return {**merged, **to_n5(doc, rank)}, None
     if name == ".zgroup":
         return current, None
     node = parse_document(view, name, data, key)
     if not isinstance(node, ArrayNode):
         group = {k: v for k, v in current.items() if k in KEPT}
-        return {**group, **dict(node.attributes)}, None
+        return {**group, **to_n5(node.attributes)}, None
     attrs = dataset_keys(node, parse_json(data, key), key)
     v2 = name == ".zarray"
     kept = {k: v for k, v in current.items() if (k not in DATASET if v2 else k in KEPT)}
-    kept.pop(VERSION0_COMPRESSION_KEY, None)
+    kept.pop(V0, None)
+    names = node.dimension_names if isinstance(node, Zarr3ArrayNode) else None
+    mapped = to_n5(node.attributes, len(node.shape), names, named=not v2)
     same = stored_compression(view, attrs["compression"], current)
     if same is not None:
         del attrs["compression"]
-    return {**kept, **dict(node.attributes), **attrs, **(same or {})}, node
+    return {**kept, **mapped, **attrs, **(same or {})}, node
 
 
 def stored_compression(

@@ -103,7 +103,7 @@ def write_sources(root: Path) -> None:
         compressors=zarr.codecs.GzipCodec(level=4),
     )  # fmt: skip
     a[...] = values_for((9, 10, 7), "float64")
-    a.attrs["dimensions"] = "dropped: an N5 dataset key"
+    a.attrs["dimensions"] = "kept aside: an N5 dataset key"
     a.attrs["resolution"] = [1, 2, 3]
     a = g3.create_array(
         "little_zstd", shape=(13,), chunks=(4,), dtype="<u2",
@@ -216,7 +216,8 @@ def test_root_groups_and_attributes(copy: Path) -> None:
     assert json.loads((copy / "v3/attributes.json").read_text()) == {"about": "zarr-python v3"}
     doc = json.loads((copy / "v3/big_gzip/attributes.json").read_text())
     assert (doc["dimensions"], doc["blockSize"]) == ([7, 10, 9], [3, 4, 4])
-    assert (doc["dataType"], doc["resolution"]) == ("float64", [1, 2, 3])
+    assert (doc["dataType"], doc["resolution"]) == ("float64", [3, 2, 1])  # N5's axis order
+    assert doc["zarr_attributes"] == {"dimensions": "kept aside: an N5 dataset key"}
     assert doc["compression"] == {"type": "gzip", "level": 4, "useZlib": False}
     zlib_doc = json.loads((copy / "v2/zlib_big/attributes.json").read_text())
     assert zlib_doc["compression"] == {"type": "gzip", "level": 3, "useZlib": True}

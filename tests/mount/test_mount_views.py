@@ -278,3 +278,59 @@ def test_zarr_python_resaves_metadata_of_an_n5_gzip_dataset(
     assert again.attrs["x"] == 1
     np.testing.assert_array_equal(again[...], ramp((5, 6)).T)
     assert main(["validate", str(root)]) == 0
+
+
+def test_zarr_attributes_through_n5_and_back(mounter: Mounter, tmp_path: Path) -> None:
+    """Zarr arrays whose attributes are named like N5's keys (fitting or not), mounted ``--as
+    n5``: TensorStore's n5 driver opens and reads each in the mount, with the fitting units
+    and names on the same axes. ``cp -r`` of the mount, mounted ``--as zarr3``, shows the
+    original attributes and ``dimension_names``; the copy's files written (in place, as z5py
+    writes) into a Zarr v3 store mounted ``--as n5`` land as the original arrays."""
+    import shutil
+
+    from n5fs.views.attributes import NAMESPACE
+    from tests.gateway.test_views_n5_attributes import ARRAYS, values
+    from tests.gateway.test_views_n5_attributes import write_sources as write_attr_sources
+
+    root = tmp_path / "zarr-src"
+    write_attr_sources(root)
+    mp = mounter.foreground(str(root), "--as", "n5", "--read-only")
+    for path in ARRAYS:
+        spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(mp / path)}}
+        store = ts.open(spec).result()
+        np.testing.assert_array_equal(store.read().result(), values(path).T, err_msg=path)
+        if path == "v3/fit":
+            assert store.domain.labels == ("x", "y", "z")
+            assert store.dimension_units == (ts.Unit(1, "nm"), ts.Unit(2, "um"), ts.Unit(5, "s"))
+    odd = json.loads((mp / "v3/odd/attributes.json").read_text())
+    assert odd[NAMESPACE]["units"] == "counts"
+    copy = tmp_path / "n5-copy"
+    shutil.copytree(mp, copy, ignore=shutil.ignore_patterns(".n5fs"))
+
+    shown = mounter.foreground(str(copy), "--as", "zarr3", "--read-only", name="zarr3")
+    for path, (attrs, names) in ARRAYS.items():
+        if path.startswith("v3"):
+            array = zarr.open_array(str(shown / path), mode="r", zarr_format=3)
+            assert dict(array.attrs) == attrs, path
+            assert array.metadata.dimension_names == names, path  # type: ignore[union-attr]
+            np.testing.assert_array_equal(array[...], values(path))
+
+    target = tmp_path / "zarr-dest"
+    zarr.open_group(str(target), mode="w", zarr_format=3)
+    back = mounter.foreground(str(target), "--as", "n5", name="back")
+    for path in ("v3/odd", "v3/fit"):
+        (back / path).mkdir(parents=True)
+        (back / path / "attributes.json").write_bytes(
+            (copy / path / "attributes.json").read_bytes()
+        )
+        for block in sorted((copy / path).rglob("*")):
+            rel = block.relative_to(copy / path)
+            if block.is_dir():
+                (back / path / rel).mkdir(exist_ok=True)
+            elif block.name != "attributes.json":
+                (back / path / rel).write_bytes(block.read_bytes())
+    for path in ("v3/odd", "v3/fit"):
+        array = zarr.open_array(str(target / path), mode="r")
+        assert dict(array.attrs) == ARRAYS[path][0], path
+        assert array.metadata.dimension_names == ARRAYS[path][1], path  # type: ignore[union-attr]
+        np.testing.assert_array_equal(array[...], values(path))
