@@ -295,6 +295,11 @@ def _view_line(node: dict[str, Any]) -> str:
     if node["kind"] == "file":  # an .npy file
         shape = "x".join(map(str, node["shape"])) or "scalar"
         return f"{node['path']:<32} {node['format']:<9} file  {node['dtype']}  {shape}"
+    fill = node.get("fill_blocks")
+    if fill is not None:  # ``--as n5``: absent chunks shown as blocks of the fill value
+        grid = fill["grid_blocks"]
+        where = f"{fill['where']} of the {grid} in the grid"
+        return f"{_tree_line(node)}  fill {fill['fill_value']} ({where} is a fill block)"
     return _tree_line(node)
 
 

@@ -10,7 +10,9 @@ What a view computes from stored bytes (a transcoded chunk, a padded end block, 
 values for ``.npy`` reads, a shard's index) is kept in the same byte LRU, under keys no store
 key can equal (they start with a NUL byte, which :func:`~n5fs.kvstore.keys.check_key`
 refuses), tagged with the source object's version (size, mtime): a source that changed is
-read afresh, and the mount's memory stays within one ``cache_size`` budget.
+read afresh, and the mount's memory stays within one ``cache_size`` budget. What a view makes
+from metadata alone (an N5 block holding a fill value) is kept there too, under a key that
+names every input (:meth:`SourceAccess.from_metadata`): it never goes stale.
 
 Counters (``source_reads``, ``translated``, ``decoded``...) say what the view did; they are
 what ``/.n5fs/view.json`` shows and what tests count. Thread-safe: the gateway's caches are,
@@ -28,18 +30,29 @@ from typing import TYPE_CHECKING
 
 from n5fs.detect import Folder, FolderKind
 from n5fs.errors import DetectionFailed, Rejected
-from n5fs.gateway.namespace.paths import EntryKind
+from n5fs.gateway.namespace.paths import Attr, EntryKind
 from n5fs.gateway.read.byte_cache import Counters
 from n5fs.kvstore.base import ByteRange
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from n5fs.gateway import Attr, Gateway
+    from n5fs.gateway import Gateway
     from n5fs.gateway.read.byte_cache import Version
 
 _TAG = "\x00view\x00"
-COUNTERS = ("source_reads", "source_bytes", "translated", "decoded", "shard_indexes")
+COUNTERS = (
+    "source_reads",
+    "source_bytes",
+    "translated",
+    "decoded",
+    "shard_indexes",
+    "fill_blocks",
+)
+
+
+#: the version of what no stored object goes into (:meth:`SourceAccess.from_metadata`)
+_NO_OBJECT = Attr(EntryKind.FILE)
 
 
 def version_of(attr: Attr) -> Version:
@@ -135,6 +148,13 @@ class SourceAccess:
                 with self._lock:
                     del self._flights[tag]
                 flight.set()
+
+    def from_metadata(self, kind: str, key: str, make: Callable[[], bytes]) -> bytes:
+        """What ``make`` computes from metadata alone, no stored object read; ``key`` names
+        every input, so one version fits all, cached like the rest."""
+        data = self.computed(kind, key, _NO_OBJECT, make)
+        assert data is not None
+        return data
 
     def _fetched(self, nbytes: int) -> None:
         self.counters.add("source_reads")

@@ -238,7 +238,12 @@ class View:
             return
         native = writes.native_chunk(key)
         if native is not None:
-            self.gateway.unlink("/" + native)
+            try:
+                self.gateway.unlink("/" + native)
+            except KeyNotFound:
+                if not self._entry(path)[1].fill:
+                    raise
+                # a fill block (nothing stored): it reads as a removed block would, done
             return
         _, entry = self._entry(path)
         if not entry.native:

@@ -4,9 +4,11 @@ A Zarr array (v2 or v3) becomes an N5 dataset with its shape and chunk shape rev
 lists the fastest axis first), so the bytes of a C-order Zarr chunk are, value for value, the
 payload of the N5 block at the reversed position: N5 payloads are big-endian in F order of
 the N5 dimensions, which is C order of the Zarr ones. A sharded v3 array shows each *inner*
-chunk as a block (``blockSize`` is the inner chunk shape). Groups (and the root, which
-carries ``"n5": "4.0.0"``) get an ``attributes.json`` with their attributes; an N5
-hierarchy already in the store is shown as stored. Attributes go through
+chunk as a block (``blockSize`` is the inner chunk shape), except where its shards must be
+read whole (:func:`~n5fs.views.source.whole_shards`: a bytes codec after
+``sharding_indexed``, a transposition before it): one block per shard, decoded. Groups (and
+the root, which carries ``"n5": "4.0.0"``) get an ``attributes.json`` with their attributes;
+an N5 hierarchy already in the store is shown as stored. Attributes go through
 :func:`~n5fs.views.attributes.to_n5`: one that does not fit the N5 key of its name (a dataset
 key, ``units`` that are no list of strings, ...) is kept under ``zarr_attributes``, fitting
 per-axis conventions are reversed, a v3 array's ``dimension_names`` are its ``axes``.
@@ -23,11 +25,19 @@ Blocks (:class:`N5Dataset`), at ``x/y/z`` (N5 order, one folder per axis but the
 - any other array (little-endian, F order, filters, transposes, checksums) is transcoded:
   every block decoded, byte-swapped to big-endian and served uncompressed (``raw``).
 
+N5 has no fill value: its readers read 0 where no block is stored. An array whose fill value
+is not 0 (any whose bytes are not all zero: NaN, -1, -0.0...) shows a *fill block* wherever
+its grid has no stored chunk (:meth:`N5Dataset.fill_entry`): the fill value in the block's
+(clipped) shape, in the declared compression's stored frame, so its size follows from the
+shape, and the block itself is made once per shape (at most ``2**rank``: end blocks are
+clipped) and kept in the byte cache (:meth:`~n5fs.views.access.SourceAccess.from_metadata`),
+never stored. Such an array's block folders list every name of the grid (from metadata, no
+listing of chunks); one whose fill value is 0 lists only its stored blocks, as N5 does.
+
 Every size follows from metadata and the source's listings, no chunk read. What N5 cannot
 express is left out (and ``n5fs detect --as n5`` says why): data types other than
-(u)int8..64 and float32/64 (bool, float16, complex, strings, structured, datetime, objects),
-0-d arrays, and arrays whose fill value is not 0 (N5 has no fill value: its readers read 0
-where no block is stored, which for those arrays would be wrong values, not missing ones).
+(u)int8..64 and float32/64 (bool, float16, complex, strings, structured, datetime, objects)
+and 0-d arrays.
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ from n5fs.views.source import (
 )
 from n5fs.views.tree import (
     DIRECTORY,
+    FILL_DIRECTORY,
     Entry,
     PlanCache,
     ViewTree,
@@ -136,11 +147,14 @@ class N5Dataset:
 
     def size(self, pos: Position, loc: Located) -> int:
         """The block's size, from metadata and the listing (the claim of ``stat``)."""
-        header = 4 + 4 * self.rank
         if self._kept(pos):
-            return header + (loc.attr.size if loc.nbytes is None else loc.nbytes)
+            return 4 + 4 * self.rank + (loc.attr.size if loc.nbytes is None else loc.nbytes)
+        return self._made_size(pos)
+
+    def _made_size(self, pos: Position) -> int:
+        """The size of a block the view encodes in its codec's stored frame."""
         nbytes = prod(self.source.clipped(pos)) * self.source.dtype.itemsize
-        return header + self.codec.frame.size(nbytes)
+        return 4 + 4 * self.rank + self.codec.frame.size(nbytes)
 
     def content(self, pos: Position, loc: Located) -> bytes:
         if self._kept(pos):
@@ -161,6 +175,34 @@ class N5Dataset:
     def block_entry(self, pos: Position, loc: Located) -> Entry:
         return made(self.size(pos, loc), loc.attr.mtime, lambda: self.content(pos, loc))
 
+    # -- fill blocks (absent chunks of an array whose fill value is not 0) ---------------------
+
+    @cached_property
+    def fill(self) -> bytes | None:
+        """One fill value as an N5 payload holds it (big-endian); None when its bytes are all
+        zero: N5 readers read that where no block is, and the view makes no fill block."""
+        value = np.asarray(self.source.fill, dtype=self.source.dtype.newbyteorder(">"))
+        raw = value.tobytes()
+        return raw if any(raw) else None
+
+    def fill_entry(self, pos: Position) -> Entry:
+        """The block at ``pos`` of the grid where no chunk is stored (``fill`` is not None)."""
+        return made(self._made_size(pos), 0.0, lambda: self._fill_block(pos), fill=True)
+
+    def _fill_block(self, pos: Position) -> bytes:
+        fill = self.fill
+        assert fill is not None
+        shape = self.source.clipped(pos)
+        frame = self.codec.frame
+
+        def make() -> bytes:
+            self.source.access.count("fill_blocks")
+            return self._header(pos) + frame.encode(fill * prod(shape))
+
+        # every input named: the same block serves every array of this type, fill and frame
+        key = f"{self.source.dtype.str}\x00{fill.hex()}\x00{frame.name}\x00{shape}"
+        return self.source.access.from_metadata("n5-fill", key, make)
+
 
 def _layout_problem(source: SourceArray) -> str:
     """Why the source's stored bytes are not an N5 payload (byte order, layout), or ""."""
@@ -172,6 +214,8 @@ def _layout_problem(source: SourceArray) -> str:
         big = dtype.itemsize == 1 or dtype.byteorder == ">"
         return "" if big else "little-endian values are byte-swapped to N5's big-endian"
     assert isinstance(node, Zarr3ArrayNode)
+    if node.sharding is not None and not isinstance(source, ShardedSource):
+        return _whole_shards_problem(node)
     chain: CodecChain = source.codec.inner if isinstance(source, ShardedSource) else node.codecs
     if chain.array_array or not isinstance(chain.array_bytes, BytesCodec):
         return "array codecs are decoded into N5's layout"
@@ -187,12 +231,6 @@ def _unsupported(source: SourceArray) -> str | None:
         return f"data type {dtype.str} has no N5 dataType"
     if not source.shape:
         return "N5 has no 0-d datasets"
-    fill = np.asarray(source.fill, dtype=dtype)
-    if fill != 0:  # NaN too
-        return (
-            f"fill value {fill.item()!r} is not 0: N5 has no fill value, its readers would "
-            "read 0 where no chunk is stored"
-        )
     return None
 
 
@@ -217,6 +255,18 @@ def n5_dataset(access: SourceAccess, folder: Folder) -> N5Dataset | str:
     if layout and codec.passthrough:
         codec = codecs.n5_transcoded(layout)
     return N5Dataset(source, codec, node.attributes)
+
+
+def _whole_shards_problem(node: Zarr3ArrayNode) -> str:
+    """Why a sharded array whose shards are read whole is transcoded (one block per shard)."""
+    after = node.codecs.bytes_bytes
+    if after:
+        names = ", ".join(c.name for c in after)
+        return (
+            f"{names} after sharding_indexed wraps each shard whole: every shard is one "
+            "block, decoded"
+        )
+    return "shards transposed before sharding_indexed: every shard is one block, decoded"
 
 
 class N5Tree(ViewTree):
@@ -280,9 +330,11 @@ class N5Tree(ViewTree):
         if n5 is None:
             return None
         if len(n5) < plan.rank:
-            return DIRECTORY  # a block folder of the grid (listed only where blocks are)
+            return DIRECTORY  # a block folder of the grid (listed where blocks are)
         loc = plan.source.locate(n5[::-1])
-        return None if loc is None else plan.block_entry(n5[::-1], loc)
+        if loc is not None:
+            return plan.block_entry(n5[::-1], loc)
+        return None if plan.fill is None else plan.fill_entry(n5[::-1])
 
     def array_children(self, array: Folder, rel_dir: str) -> list[tuple[str, Entry]]:
         if self.is_native(array):
@@ -307,6 +359,12 @@ class N5Tree(ViewTree):
                 out[name] = DIRECTORY
             else:
                 out[name] = plan.block_entry(pos, loc)
+        if plan.fill is not None:  # every other name of the grid here: fill blocks
+            leaf = depth + 1 == plan.rank
+            for i in range(plan.source.grid[::-1][depth]):
+                if str(i) not in out:
+                    pos = (*above, i)[::-1]
+                    out[str(i)] = plan.fill_entry(pos) if leaf else FILL_DIRECTORY
         return list(out.items())
 
     # -- detect --as n5 ------------------------------------------------------------------------
@@ -323,7 +381,7 @@ class N5Tree(ViewTree):
         if isinstance(plan, str):
             return left_out(folder, path, plan)
         source = plan.source
-        return {
+        described: dict[str, Any] = {
             "path": path,
             "format": N5,
             "kind": "array",
@@ -333,3 +391,21 @@ class N5Tree(ViewTree):
             "chunks": list(source.units[::-1]),
             "codecs": codecs.summary(plan.codec),
         }
+        if plan.fill is not None:
+            # counting the absent ones would list every chunk folder (and read every shard
+            # index): the grid's size says the most there can be
+            described["fill_blocks"] = {
+                "fill_value": fill_json(source.fill, source.dtype),
+                "where": "every absent block",
+                "grid_blocks": prod(source.grid),
+            }
+        return described
+
+
+def fill_json(value: Any, dtype: np.dtype[Any]) -> Any:
+    """A fill value as Zarr writes it in JSON (``"NaN"``, ``"Infinity"``, ``"-Infinity"`` for
+    the floats JSON has no number for)."""
+    item = np.asarray(value, dtype=dtype).item()
+    if isinstance(item, float) and not np.isfinite(item):
+        return "NaN" if np.isnan(item) else ("Infinity" if item > 0 else "-Infinity")
+    return item

@@ -7,7 +7,8 @@ translates). What an N5 writer writes becomes:
 - ``attributes.json`` of a dataset (it has ``dimensions``, ``blockSize``, ``dataType``,
   ``compression``): the array's native document, in the hierarchy's own version (``zarr.json``
   in a Zarr v3 hierarchy; ``.zarray`` and ``.zattrs`` in a v2 one), axes reversed (N5 lists
-  the fastest first), fill value 0 (what N5 readers read where no block is), C order,
+  the fastest first), fill value 0 (what N5 readers read where no block is; an array of that
+  type already there keeps its own, which the view shows in fill blocks), C order,
   big-endian values, ``/``-separated chunk keys, the compression as the codec of that name
   (``raw`` none, ``gzip`` gzip (``useZlib``: zlib in v2; v3 has no zlib codec, gzip then),
   ``zstd``, ``blosc``);
@@ -18,15 +19,22 @@ translates). What an N5 writer writes becomes:
   v3 array's ``axes`` are its ``dimension_names``;
 - a block at ``x/y/z``: decoded with the dataset's N5 document (the one written in this
   mount, else the view's), clipped end blocks included, and re-encoded by the native array
-  as the full chunk at the reversed position under its own key.
+  as the full chunk at the reversed position under its own key (an array whose shards the
+  view shows whole, one block each: the whole shard, in the array's full codec chain).
 
 Both go to the gateway as writes of native names: its commit rules validate and record them.
 What the view cannot represent is refused before anything is stored
 (:class:`~n5fs.errors.Rejected`, EINVAL, recorded in the gateway's rejections): the
 compressions Zarr has no codec for here (``bzip2``, ``xz``, ``lz4``: they are refused, not
 transcoded, so a writer never reads back another compression than it declared), writes into
-a sharded array (an N5 block is one inner chunk; a shard is not rewritten piece by piece),
+a sharded array whose blocks are inner chunks (a shard is not rewritten piece by piece),
 an hdmf-zarr or N5 hierarchy, a varlength block.
+
+Removing a block removes its native chunk; in an array whose fill value is not 0 the block
+then reads as a fill block, and removing a fill block is done at once (nothing is stored).
+N5 writers (TensorStore's n5 driver, z5py) remove a block they would write as all zeros, so
+in such an array zeros written whole-block read back as the fill value: TensorStore's
+``store_data_equal_to_fill_value`` makes it write them.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from n5fs.errors import KeyNotFound, Rejected
 from n5fs.formats.n5 import ATTRIBUTES, N5ArrayNode, N5Format, is_dataset_attributes
 from n5fs.kvstore.keys import basename, parent
 from n5fs.views.attributes import from_n5
+from n5fs.views.n5 import fill_json
 from n5fs.views.removal import ARRAY, GROUP
 from n5fs.views.source import ShardedSource
 from n5fs.views.tree import Entry, document
@@ -250,7 +259,7 @@ class N5ViewWrites(ViewWrites):
     ) -> None:
         compression = attrs.get("compression") or {"type": "raw"}
         dtype = node.dtype.newbyteorder(">")
-        fill: Any = 0.0 if dtype.kind == "f" else 0
+        fill = self._kept_fill(prefix, dtype)
         shape, chunks = list(node.shape[::-1]), list(node.chunks[::-1])
         if fmt == "zarr2":
             zarray = {
@@ -284,6 +293,18 @@ class N5ViewWrites(ViewWrites):
         if names is not None:
             zarr_json["dimension_names"] = list(names)
         self._native("/" + prefix + "zarr.json", _dump(zarr_json))
+
+    def _kept_fill(self, prefix: str, dtype: np.dtype[Any]) -> Any:
+        """The fill value of a dataset document: 0 (what N5 readers read where no block is),
+        but an array of that type already there keeps its own (its absent chunks are fill
+        blocks in the view: a writer that rewrites the document, z5py setting an attribute,
+        must not turn them into zeros)."""
+        folder = self.tree.access.folder(prefix)
+        if folder.kind is FolderKind.ARRAY and folder.fmt in WRITABLE:
+            plan = self.n5tree.plan(folder)
+            if not isinstance(plan, str) and plan.source.dtype.newbyteorder(">") == dtype:
+                return fill_json(plan.source.fill, dtype)
+        return 0.0 if dtype.kind == "f" else 0
 
     def _exists(self, key: str) -> bool:
         try:

@@ -22,7 +22,10 @@ the rest of its listing gone or changed. So:
 - a group's document removes the group's native document (its attributes); at the root the
   group stays, without attributes, so the hierarchy keeps its format;
 - a folder the view makes (an N5 block folder of a Zarr array) is removed when empty without
-  a native call: nothing is stored under its name.
+  a native call: nothing is stored under its name;
+- a fill block (the ``n5`` view's block of an absent chunk of an array whose fill value is
+  not 0) stands for nothing stored: removing it succeeds without a native call (it reads as
+  the fill value still, as a removed block does), and a folder of fill blocks only is empty.
 
 Names removed stay hidden until a document is written there again or their folder is
 removed. What is hidden lives in memory, for the mount.
@@ -132,8 +135,9 @@ class Removals:
             self._doomed.discard(parent(key) + "/" if parent(key) else "")
 
     def visible(self, folder: str) -> list[str]:
-        """The names the view lists in ``folder`` (the tree's, less the hidden ones)."""
-        names = [name for name, _ in self.tree.children(folder)]
+        """The names the view lists in ``folder`` (the tree's, less the hidden ones) that stand
+        for stored data: a fill block (an N5 block of an absent chunk) is no data to remove."""
+        names = [name for name, entry in self.tree.children(folder) if not entry.fill]
         with self._lock:
             return [n for n in names if (f"{folder}/{n}" if folder else n) not in self._hidden]
 

@@ -3,9 +3,10 @@
 A :class:`SourceArray` is one array of the store in *view order*: the axes a Zarr view
 shows (an N5 dataset's reversed: N5 lists the fastest-varying axis first, so the bytes of an
 N5 block read in C order with its dimensions reversed, and no value moves), cut into *units*
-(its chunks; a sharded Zarr v3 array's inner chunks). Each unit is found from metadata and
-the gateway's listings alone (:meth:`SourceArray.locate`, no chunk read), and read as its
-stored bytes (:meth:`~SourceArray.payload`, for a view that keeps the codec) or as values
+(its chunks; a sharded Zarr v3 array's inner chunks, or its shards where they must be read
+whole: :func:`whole_shards`). Each unit is found from metadata and the gateway's listings
+alone (:meth:`SourceArray.locate`, no chunk read), and read as its stored bytes
+(:meth:`~SourceArray.payload`, for a view that keeps the codec) or as values
 (:meth:`~SourceArray.values`, decoded once and cached).
 
 N5 blocks are decoded here from the header and the dataset's ``compression`` (the public
@@ -417,6 +418,14 @@ def _check_index(table: np.ndarray[Any, Any], length: int, size: int, where: str
         raise UnreadableUnit(f"/{key}: shard index points outside the shard's data")
 
 
+def whole_shards(node: Zarr3ArrayNode) -> bool:
+    """Must a view read this sharded array's shards whole? Yes when a transposition precedes
+    ``sharding_indexed`` (the Zarr v2 view reads those by inner chunk all the same:
+    :class:`ShardedSource` maps their axes) or a bytes codec follows it (it wraps each shard
+    whole: the index's byte ranges are no inner chunks)."""
+    return bool(node.codecs.array_array or node.codecs.bytes_bytes)
+
+
 def source_array(access: SourceAccess, prefix: str, node: ArrayNode) -> SourceArray | str:
     """The array at ``prefix`` as views read it, or why no view can show it."""
     if isinstance(node, N5ArrayNode):
@@ -424,8 +433,7 @@ def source_array(access: SourceAccess, prefix: str, node: ArrayNode) -> SourceAr
     if isinstance(node, (Zarr2ArrayNode, Zarr3ArrayNode)) and node.dtype.hasobject:
         return "its values are Python objects (variable-length), not fixed-size numbers"
     if isinstance(node, Zarr3ArrayNode):
-        codec = node.sharding
-        if codec is not None and not node.codecs.array_array:
+        if node.sharding is not None and not whole_shards(node):
             return ShardedSource(access, prefix, node)
         return ZarrSource(access, prefix, node)
     if isinstance(node, Zarr2ArrayNode):

@@ -75,6 +75,9 @@ class Entry:
     mtime: float = 0.0
     native: bool = False
     open: Callable[[], Content] | None = None
+    #: made from metadata where nothing is stored (an N5 block of an absent chunk, holding the
+    #: array's fill value; a block folder with no stored block below): removal counts it absent
+    fill: bool = False
 
     @property
     def attr(self) -> Attr:
@@ -82,6 +85,8 @@ class Entry:
 
 
 DIRECTORY = Entry(EntryKind.DIR)
+#: a block folder of the grid with no stored block below it
+FILL_DIRECTORY = Entry(EntryKind.DIR, fill=True)
 
 
 def native(attr: Attr) -> Entry:
@@ -92,9 +97,10 @@ def document(data: bytes, mtime: float = 0.0) -> Entry:
     return Entry(EntryKind.FILE, len(data), mtime, open=lambda: Blob(data, len(data)))
 
 
-def made(size: int, mtime: float, make: Callable[[], bytes]) -> Entry:
-    """A file of ``size`` bytes whose content ``make`` computes when it is opened."""
-    return Entry(EntryKind.FILE, size, mtime, open=lambda: Blob(make(), size))
+def made(size: int, mtime: float, make: Callable[[], bytes], *, fill: bool = False) -> Entry:
+    """A file of ``size`` bytes whose content ``make`` computes when it is opened (``fill``:
+    see :attr:`Entry.fill`)."""
+    return Entry(EntryKind.FILE, size, mtime, open=lambda: Blob(make(), size), fill=fill)
 
 
 def to_json(doc: Mapping[str, Any]) -> bytes:

@@ -158,12 +158,12 @@ SHOWN = [
     "ts/sharded",
     "ts/sharded_big",
     "ts/zarr2_big",
+    "v3/minus",  # fill -1, no chunk stored: every block a fill block
 ]
 LEFT_OUT = {
     "v3/flags": "data type",
     "v3/cplx": "data type",
     "v3/half": "data type",
-    "v3/minus": "fill value -1 is not 0",
     "v2/strings": "",
     "v2/record": "data type",
 }
@@ -269,8 +269,12 @@ def test_detect_as_n5_lists_left_out_arrays(
     assert (gzip3["shape"], gzip3["chunks"], gzip3["codecs"]) == ([7, 10, 9], [3, 4, 4], "gzip")
     assert "byte-swapped" in nodes["v3/little_zstd"]["codecs"]
     assert nodes["ts/sharded_big"]["chunks"] == [4, 2, 3]
+    assert nodes["v3/minus"]["fill_blocks"]["fill_value"] == -1
+    assert "fill_blocks" not in gzip3  # fill 0: N5 readers read it where no block is
     assert main(["detect", str(source), "--as", "n5"]) == 0
-    assert "left out: fill value -1 is not 0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "left out: data type" in out
+    assert "fill -1 (every absent block of the 2 in the grid is a fill block)" in out
 
 
 def test_mixed_tree_native_n5_kept_and_edges(tmp_path: Path) -> None:

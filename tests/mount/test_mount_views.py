@@ -24,6 +24,8 @@ import zarr
 from tests.gateway.test_views import expected, n5_names, write_sources
 from tests.gateway.test_views_n5 import LEFT_OUT, SHOWN, zarr_values
 from tests.gateway.test_views_n5 import write_sources as write_zarr_for_n5
+from tests.gateway.test_views_n5_fill import FILLED, native
+from tests.gateway.test_views_n5_fill import write_sources as write_filled
 from tests.mounting import Mounter, real_mount
 from tests.writers import ramp, tensorstore_n5
 
@@ -130,6 +132,70 @@ def test_n5_view_reads_zarr_arrays_with_tensorstore_and_z5py(
     assert not any((mp / name).exists() for name in LEFT_OUT)
     assert sorted(p.name for p in (mp / "v3/sparse").iterdir()) == ["2", "3", "attributes.json"]
     assert_read_only(mp, "v3/big_gzip/attributes.json")
+
+
+def test_n5_view_reads_fill_values_and_whole_shards(mounter: Mounter, tmp_path: Path) -> None:
+    """Zarr arrays whose fill value is not 0 (NaN, +-inf, -1; v2 and v3; chunks, shards and
+    inner chunks absent) read through ``--as n5`` by z5py and TensorStore's n5 driver as
+    zarr-python reads them natively: absent chunks are fill blocks. Shards wrapped by a zstd
+    after ``sharding_indexed`` read through ``--as n5`` and ``--as npy`` (mmap)."""
+    import z5py
+
+    root = tmp_path / "zarr-src"
+    write_filled(root)
+    mp = mounter.foreground(str(root), "--as", "n5", "--read-only")
+    f = z5py.File(str(mp), mode="r", use_zarr_format=False)
+    for name in FILLED:
+        want = native(root, name)
+        np.testing.assert_array_equal(f[name][...], want, err_msg=f"z5py {name}")
+        spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(mp / name)}}
+        got = ts.open(spec).result().read().result()
+        np.testing.assert_array_equal(got, want.T, err_msg=f"TensorStore {name}")
+    assert sorted(p.name for p in (mp / "v3/nan_le/2").iterdir()) == ["0", "1", "2"]
+    assert view_stats(mp)["fill_blocks"] > 0
+    npy = mounter.foreground(str(root), "--as", "npy", "--read-only", name="npy")
+    for name in ("v3/whole_shard", "v3/whole_shard_zero"):
+        got = np.load(npy / f"{name}.npy", mmap_mode="r")
+        np.testing.assert_array_equal(np.asarray(got), native(root, name), err_msg=name)
+
+
+def test_n5_writers_update_a_zarr_array_with_a_nan_fill(mounter: Mounter, tmp_path: Path) -> None:
+    """TensorStore's n5 driver updates part of a NaN-filled Zarr v3 array through ``--as n5``:
+    it reads the fill block where no chunk is, so the rest of the block stays NaN; z5py sets
+    an attribute (rewriting attributes.json whole) and the fill value stays; a whole block of
+    zeros, which N5 writers remove rather than write, reads back as the fill value, unless
+    TensorStore is told to store it; real ``rm -r`` removes the array."""
+    import subprocess
+
+    import z5py
+
+    from n5fs.cli.main import main
+
+    root = tmp_path / "zarr-group"
+    group = zarr.open_group(str(root), mode="w", zarr_format=3)
+    array = group.create_array("a", shape=(6, 8), chunks=(3, 4), dtype="<f4", fill_value=np.nan)
+    array[0:3, 0:4] = 1.5
+    want = array[...]
+    mp = mounter.foreground(str(root), "--as", "n5")
+    spec = {"driver": "n5", "kvstore": {"driver": "file", "path": str(mp / "a")}}
+    n5 = ts.open(spec).result()  # N5 order: x, y
+    n5[5:7, 4:5] = 9.0  # part of the absent block 1/1: the rest of it stays NaN
+    want[4:5, 5:7] = 9.0
+    np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], want)
+    z5py.File(str(mp), mode="a", use_zarr_format=False)["a"].attrs["unit"] = "nm"
+    assert json.loads((root / "a" / "zarr.json").read_text())["fill_value"] == "NaN"
+    n5[0:4, 0:3] = 0.0  # block 0/0 whole: removed by TensorStore, the fill value again
+    want[0:3, 0:4] = np.nan
+    np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], want)
+    kept = ts.open({**spec, "store_data_equal_to_fill_value": True}).result()
+    kept[0:4, 0:3] = 0.0
+    want[0:3, 0:4] = 0.0
+    np.testing.assert_array_equal(zarr.open_array(str(root / "a"), mode="r")[...], want)
+    np.testing.assert_array_equal(ts.open(spec).result().read().result(), want.T)
+    assert main(["validate", str(root)]) == 0
+    done = subprocess.run(["rm", "-r", str(mp / "a")], check=False, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert not (root / "a").exists()
 
 
 def test_zarr_python_writes_through_zarr3_land_as_n5(mounter: Mounter, tmp_path: Path) -> None:
