@@ -69,7 +69,7 @@ class Folder:
 
 
 @dataclass(frozen=True)
-class Source:
+class OpenedSource:
     """An opened source: the spec actually used, its store, and the container it came in."""
 
     spec: StoreSpec
@@ -82,7 +82,7 @@ def looks_like_zip(tail: bytes) -> bool:
     return _EOCD in tail
 
 
-def open_source(source: object, *, read_only: bool = False) -> Source:
+def open_source(source: object, *, read_only: bool = False) -> OpenedSource:
     """Open a source; a source naming a zip object becomes the zip adapter over it."""
     spec = parse_spec(source)
     container = "zip" if isinstance(spec, ZipSpec) else None
@@ -93,7 +93,7 @@ def open_source(source: object, *, read_only: bool = False) -> Source:
         from n5fs.kvstore.wrappers import ReadOnlyStore
 
         store = ReadOnlyStore(store)
-    return Source(spec, store, container)
+    return OpenedSource(spec, store, container)
 
 
 def _single_file_step(spec: StoreSpec) -> tuple[StoreSpec, str | None]:

@@ -21,7 +21,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from n5fs.cli.progress import ProgressBar
-from n5fs.detect import Detector, Folder, FolderKind, Source, node_spec, open_source
+from n5fs.detect import Detector, Folder, FolderKind, OpenedSource, node_spec, open_source
 from n5fs.malloc import reuse_large_buffers
 from n5fs.validate import Validator
 from n5fs.views import VIEW_FORMATS
@@ -219,13 +219,13 @@ def _refuse_missing(command: str, text: str) -> bool:
     return True
 
 
-def open_cli_source(text: str, *, read_only: bool = False) -> Source:
+def open_cli_source(text: str, *, read_only: bool = False) -> OpenedSource:
     """``open_source``, plus ``demo:`` for the built-in demo store."""
     from n5fs.cli.demo import DEMO_SOURCE, demo_store
 
     if text == DEMO_SOURCE:
         store = demo_store()
-        return Source(store.spec, store, None)
+        return OpenedSource(store.spec, store, None)
     return open_source(text, read_only=read_only)
 
 

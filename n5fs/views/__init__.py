@@ -41,7 +41,7 @@ def parse_view(text: str) -> str:
 
 def make_tree(gateway: Gateway, fmt: str) -> ViewTree:
     """The namespace of view ``fmt`` (not ``native``) over ``gateway``."""
-    from n5fs.views.access import SourceAccess
+    from n5fs.views.access import StoreAccess
     from n5fs.views.n5 import N5Tree
     from n5fs.views.npy import NpyTree
     from n5fs.views.zarr import ZarrTree
@@ -49,7 +49,7 @@ def make_tree(gateway: Gateway, fmt: str) -> ViewTree:
     fmt = parse_view(fmt)
     if fmt == NATIVE:
         raise ValueError("the native view is the gateway itself")
-    access = SourceAccess(gateway)
+    access = StoreAccess(gateway)
     if fmt == "n5":
         return N5Tree(access)
     return NpyTree(access) if fmt == "npy" else ZarrTree(access, fmt)

@@ -12,7 +12,7 @@ key can equal (they start with a NUL byte, which :func:`~n5fs.kvstore.keys.check
 refuses), tagged with the source object's version (size, mtime): a source that changed is
 read afresh, and the mount's memory stays within one ``cache_size`` budget. What a view makes
 from metadata alone (an N5 block holding a fill value) is kept there too, under a key that
-names every input (:meth:`SourceAccess.from_metadata`): it never goes stale.
+names every input (:meth:`StoreAccess.from_metadata`): it never goes stale.
 
 Counters (``source_reads``, ``translated``, ``decoded``...) say what the view did; they are
 what ``/.n5fs/view.json`` shows and what tests count. Thread-safe: the gateway's caches are,
@@ -51,7 +51,7 @@ COUNTERS = (
 )
 
 
-#: the version of what no stored object goes into (:meth:`SourceAccess.from_metadata`)
+#: the version of what no stored object goes into (:meth:`StoreAccess.from_metadata`)
 _NO_OBJECT = Attr(EntryKind.FILE)
 
 
@@ -59,7 +59,7 @@ def version_of(attr: Attr) -> Version:
     return (attr.size, attr.mtime)
 
 
-class SourceAccess:
+class StoreAccess:
     """The gateway's store, read as a view reads it (see the module docs)."""
 
     def __init__(self, gateway: Gateway) -> None:

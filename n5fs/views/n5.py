@@ -5,7 +5,7 @@ lists the fastest axis first), so the bytes of a C-order Zarr chunk are, value f
 payload of the N5 block at the reversed position: N5 payloads are big-endian in F order of
 the N5 dimensions, which is C order of the Zarr ones. A sharded v3 array shows each *inner*
 chunk as a block (``blockSize`` is the inner chunk shape), except where its shards must be
-read whole (:func:`~n5fs.views.source.whole_shards`: a bytes codec after
+read whole (:func:`~n5fs.views.arrays.whole_shards`: a bytes codec after
 ``sharding_indexed``, a transposition before it): one block per shard, decoded. Groups (and
 the root, which carries ``"n5": "4.0.0"``) get an ``attributes.json`` with their attributes;
 an N5 hierarchy already in the store is shown as stored. Attributes go through
@@ -30,7 +30,7 @@ is not 0 (any whose bytes are not all zero: NaN, -1, -0.0...) shows a *fill bloc
 its grid has no stored chunk (:meth:`N5Dataset.fill_entry`): the fill value in the block's
 (clipped) shape, in the declared compression's stored frame, so its size follows from the
 shape, and the block itself is made once per shape (at most ``2**rank``: end blocks are
-clipped) and kept in the byte cache (:meth:`~n5fs.views.access.SourceAccess.from_metadata`),
+clipped) and kept in the byte cache (:meth:`~n5fs.views.access.StoreAccess.from_metadata`),
 never stored. Such an array's block folders list every name of the grid (from metadata, no
 listing of chunks); one whose fill value is 0 lists only its stored blocks, as N5 does.
 
@@ -56,16 +56,16 @@ from n5fs.formats.registry import get_format
 from n5fs.formats.zarr2 import Zarr2ArrayNode
 from n5fs.formats.zarr3 import Zarr3ArrayNode
 from n5fs.gateway.namespace.paths import EntryKind
-from n5fs.views import codecs
-from n5fs.views.attributes import to_n5
-from n5fs.views.codecs import N5, ViewCodec
-from n5fs.views.source import (
+from n5fs.views import declared_codecs as codecs
+from n5fs.views.arrays import (
     Located,
     Position,
-    ShardedSource,
-    SourceArray,
-    source_array,
+    ShardedStoreArray,
+    StoreArray,
+    store_array,
 )
+from n5fs.views.attributes import to_n5
+from n5fs.views.declared_codecs import N5, ViewCodec
 from n5fs.views.tree import (
     DIRECTORY,
     FILL_DIRECTORY,
@@ -86,7 +86,7 @@ if TYPE_CHECKING:
 
     from n5fs.codecs.v3 import CodecChain
     from n5fs.gateway import Attr
-    from n5fs.views.access import SourceAccess
+    from n5fs.views.access import StoreAccess
 
 N5_VERSION = "4.0.0"
 ATTRIBUTES = "attributes.json"
@@ -99,7 +99,7 @@ _N5_TYPES = frozenset(
 class N5Dataset:
     """One Zarr array as the N5 view shows it."""
 
-    source: SourceArray
+    source: StoreArray
     codec: ViewCodec
     attributes: Mapping[str, Any] = field(default_factory=dict)
 
@@ -204,7 +204,7 @@ class N5Dataset:
         return self.source.access.from_metadata("n5-fill", key, make)
 
 
-def _layout_problem(source: SourceArray) -> str:
+def _layout_problem(source: StoreArray) -> str:
     """Why the source's stored bytes are not an N5 payload (byte order, layout), or ""."""
     dtype = source.dtype
     node = source.node
@@ -214,9 +214,9 @@ def _layout_problem(source: SourceArray) -> str:
         big = dtype.itemsize == 1 or dtype.byteorder == ">"
         return "" if big else "little-endian values are byte-swapped to N5's big-endian"
     assert isinstance(node, Zarr3ArrayNode)
-    if node.sharding is not None and not isinstance(source, ShardedSource):
+    if node.sharding is not None and not isinstance(source, ShardedStoreArray):
         return _whole_shards_problem(node)
-    chain: CodecChain = source.codec.inner if isinstance(source, ShardedSource) else node.codecs
+    chain: CodecChain = source.codec.inner if isinstance(source, ShardedStoreArray) else node.codecs
     if chain.array_array or not isinstance(chain.array_bytes, BytesCodec):
         return "array codecs are decoded into N5's layout"
     if dtype.itemsize > 1 and chain.array_bytes.endian != "big":
@@ -224,7 +224,7 @@ def _layout_problem(source: SourceArray) -> str:
     return ""
 
 
-def _unsupported(source: SourceArray) -> str | None:
+def _unsupported(source: StoreArray) -> str | None:
     """Why N5 cannot show the array, or None."""
     dtype = source.dtype
     if dtype.fields is not None or dtype.newbyteorder("=").name not in _N5_TYPES:
@@ -234,11 +234,11 @@ def _unsupported(source: SourceArray) -> str | None:
     return None
 
 
-def n5_dataset(access: SourceAccess, folder: Folder) -> N5Dataset | str:
+def n5_dataset(access: StoreAccess, folder: Folder) -> N5Dataset | str:
     """The N5 view of the Zarr array in ``folder``, or why the view leaves it out."""
     node = folder.array
     assert node is not None
-    source = source_array(access, folder.prefix, node)
+    source = store_array(access, folder.prefix, node)
     if isinstance(source, str):
         return source
     why = _unsupported(source)
@@ -249,7 +249,7 @@ def n5_dataset(access: SourceAccess, folder: Folder) -> N5Dataset | str:
         codec = codecs.n5_from_v2(node.meta.pipeline, itemsize)
     else:
         assert isinstance(node, Zarr3ArrayNode)
-        inner = source.codec.inner if isinstance(source, ShardedSource) else node.codecs
+        inner = source.codec.inner if isinstance(source, ShardedStoreArray) else node.codecs
         codec = codecs.n5_from_v3(inner.bytes_bytes, itemsize)
     layout = _layout_problem(source)
     if layout and codec.passthrough:
@@ -274,7 +274,7 @@ class N5Tree(ViewTree):
 
     name = N5
 
-    def __init__(self, access: SourceAccess) -> None:
+    def __init__(self, access: StoreAccess) -> None:
         super().__init__(access)
         self._plans: PlanCache[N5Dataset | str] = PlanCache()
 

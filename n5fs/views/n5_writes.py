@@ -48,10 +48,10 @@ from n5fs.detect import Folder, FolderKind
 from n5fs.errors import KeyNotFound, Rejected
 from n5fs.formats.n5 import ATTRIBUTES, N5ArrayNode, N5Format, is_dataset_attributes
 from n5fs.kvstore.keys import basename, parent
+from n5fs.views.arrays import ShardedStoreArray
 from n5fs.views.attributes import from_n5
 from n5fs.views.n5 import fill_json
 from n5fs.views.removal import ARRAY, GROUP
-from n5fs.views.source import ShardedSource
 from n5fs.views.tree import Entry, document
 from n5fs.views.writes import ViewWrites, _Declared
 
@@ -194,7 +194,7 @@ class N5ViewWrites(ViewWrites):
         pos = plan.parse(key[len(prefix) :])
         if pos is None or len(pos) != plan.rank:
             return None
-        if isinstance(plan.source, ShardedSource):
+        if isinstance(plan.source, ShardedStoreArray):
             why = "a sharded array: an N5 block is one inner chunk, shards are not rewritten"
             raise _refusal(why, key, "sharding", folder.fmt or "zarr3")
         declared = self._declared.get(prefix)

@@ -5,7 +5,7 @@ header, made from metadata, then the whole array in C order (an N5 dataset in th
 order of the Zarr view: reversed; its values big-endian as stored, which the header says).
 Nothing is materialized: a read of bytes ``[offset, offset+size)`` works out which elements
 those are, which units (chunks, inner chunks of a shard) hold them, and decodes only those
-(:meth:`SourceArray.values <n5fs.views.source.SourceArray.values>`, cached); a missing unit
+(:meth:`StoreArray.values <n5fs.views.arrays.StoreArray.values>`, cached); a missing unit
 reads as the fill value. So ``np.load(path, mmap_mode="r")[i:j]`` fetches only the chunks
 its pages touch (and the kernel's read-ahead around them).
 
@@ -31,14 +31,14 @@ import numpy as np
 from n5fs.detect import Folder, FolderKind
 from n5fs.gateway.namespace.paths import EntryKind
 from n5fs.gateway.read.reader import PageCache
-from n5fs.views.source import SourceArray, source_array
+from n5fs.views.arrays import StoreArray, store_array
 from n5fs.views.tree import Entry, PlanCache, ViewTree, document, left_out, to_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping
 
     from n5fs.gateway import Attr
-    from n5fs.views.access import SourceAccess
+    from n5fs.views.access import StoreAccess
 
 NPY = ".npy"
 ATTRS = ".json"
@@ -90,7 +90,7 @@ def c_boxes(shape: tuple[int, ...], first: int, stop: int) -> Iterator[tuple[int
 class NpyArray:
     """One source array as its ``.npy`` file."""
 
-    source: SourceArray
+    source: StoreArray
 
     @cached_property
     def header(self) -> bytes:
@@ -174,7 +174,7 @@ class NpyTree(ViewTree):
 
     name = "npy"
 
-    def __init__(self, access: SourceAccess) -> None:
+    def __init__(self, access: StoreAccess) -> None:
         super().__init__(access)
         self._plans: PlanCache[NpyArray | str] = PlanCache()
 
@@ -183,7 +183,7 @@ class NpyTree(ViewTree):
         assert node is not None
 
         def make() -> NpyArray | str:
-            source = source_array(self.access, folder.prefix, node)
+            source = store_array(self.access, folder.prefix, node)
             return source if isinstance(source, str) else NpyArray(source)
 
         return self._plans.get(folder.prefix, node, make)

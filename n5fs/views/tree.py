@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from n5fs.detect import Folder
     from n5fs.formats.base import Node
-    from n5fs.views.access import SourceAccess
+    from n5fs.views.access import StoreAccess
 
 T = TypeVar("T")
 #: array plans remembered (each holds parsed metadata and its documents)
@@ -141,7 +141,7 @@ class ViewTree(abc.ABC):
     #: the format the view shows (``zarr3``, ``zarr2``, ``npy``)
     name: str
 
-    def __init__(self, access: SourceAccess) -> None:
+    def __init__(self, access: StoreAccess) -> None:
         self.access = access
 
     # -- resolution ----------------------------------------------------------------------------

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
     from n5fs.gateway import Gateway
     from n5fs.gateway.write.staging import BaseObject, StagedFile
-    from n5fs.views.access import SourceAccess
+    from n5fs.views.access import StoreAccess
     from n5fs.views.zarr import ZarrTree
 
 _META = {"zarr3": ("zarr.json",), "zarr2": (".zarray", ".zgroup", ".zattrs")}
@@ -417,7 +417,7 @@ def _within_memory(data: bytes | None) -> bytes:
     return data
 
 
-def n5_without_attributes(access: SourceAccess) -> bool:
+def n5_without_attributes(access: StoreAccess) -> bool:
     """Is the root, which has no metadata, an N5 root without ``attributes.json`` (legal: N5
     groups may have none)? Yes when no folder at its first level holds a hierarchy of another
     format (N5 datasets and groups, plain folders, or nothing yet): a Zarr writer's arrays may

@@ -17,7 +17,7 @@ hierarchy, is shown as stored.
 
 Chunks (:class:`ZarrArray`):
 
-- where the target has the source's codec (:mod:`n5fs.views.codecs`), a chunk is the stored
+- where the target has the source's codec (:mod:`n5fs.views.declared_codecs`), a chunk is the stored
   payload: the whole Zarr chunk, the inner chunk's byte range, the N5 block after its header;
 - an N5 end block clipped to the dataset is decoded, padded with the fill value to the full
   chunk and re-encoded in a frame of that codec whose size is known in advance
@@ -48,18 +48,18 @@ from n5fs.formats.registry import get_format
 from n5fs.formats.zarr2 import Zarr2ArrayNode
 from n5fs.formats.zarr3 import Zarr3ArrayNode
 from n5fs.gateway.namespace.paths import EntryKind
-from n5fs.views import codecs
-from n5fs.views.attributes import from_n5
-from n5fs.views.codecs import ZARR2, ZARR3, ViewCodec
-from n5fs.views.source import (
+from n5fs.views import declared_codecs as codecs
+from n5fs.views.arrays import (
     Located,
-    N5Source,
+    N5StoreArray,
     Position,
-    ShardedSource,
-    SourceArray,
-    ZarrSource,
-    source_array,
+    ShardedStoreArray,
+    StoreArray,
+    ZarrStoreArray,
+    store_array,
 )
+from n5fs.views.attributes import from_n5
+from n5fs.views.declared_codecs import ZARR2, ZARR3, ViewCodec
 from n5fs.views.tree import (
     DIRECTORY,
     Entry,
@@ -79,7 +79,7 @@ if TYPE_CHECKING:
 
     from n5fs.codecs.v3 import CodecChain
     from n5fs.gateway import Attr
-    from n5fs.views.access import SourceAccess
+    from n5fs.views.access import StoreAccess
 
 #: value kinds both Zarr versions and TensorStore read: bool, ints, floats, complex
 _NUMERIC_KINDS = "biufc"
@@ -90,7 +90,7 @@ _DOCS = {ZARR3: ("zarr.json",), ZARR2: (".zarray", ".zattrs")}
 class ZarrArray:
     """One source array as the Zarr view of ``target`` shows it."""
 
-    source: SourceArray
+    source: StoreArray
     target: str
     codec: ViewCodec
     #: "F": chunks stay in a Zarr v2 array's F order (v3: a reversed transpose codec)
@@ -184,7 +184,7 @@ class ZarrArray:
     def size(self, pos: Position, loc: Located) -> int:
         """The view chunk's size, from metadata and the listing (the claim of ``stat``)."""
         if self._kept(pos):
-            if isinstance(self.source, N5Source):
+            if isinstance(self.source, N5StoreArray):
                 return loc.attr.size - self.source.header_size
             return loc.attr.size if loc.nbytes is None else loc.nbytes
         return self.codec.frame.size(self.source.unit_nbytes)
@@ -244,7 +244,7 @@ def _numeric(dtype: np.dtype[Any], target: str) -> str | None:
     return f"data type {dtype.str} has no Zarr {version} type every reader reads"
 
 
-def _to_v2(source: ZarrSource) -> ZarrArray:
+def _to_v2(source: ZarrStoreArray) -> ZarrArray:
     """A Zarr v3 array (sharded: its inner chunks) as Zarr v2."""
     node = source.node
     assert isinstance(node, Zarr3ArrayNode)
@@ -255,11 +255,11 @@ def _to_v2(source: ZarrSource) -> ZarrArray:
             f"{names} after sharding_indexed wraps each shard whole: every shard is decoded "
             "and served as one chunk"
         )
-        whole = ZarrSource(source.access, source.prefix, node)
+        whole = ZarrStoreArray(source.access, source.prefix, node)
         return ZarrArray(whole, ZARR2, codecs.raw(ZARR2, why), attributes=node.attributes)
-    if node.sharding is not None and not isinstance(source, ShardedSource):
-        source = ShardedSource(source.access, source.prefix, node)  # transposed shards
-    if isinstance(source, ShardedSource):
+    if node.sharding is not None and not isinstance(source, ShardedStoreArray):
+        source = ShardedStoreArray(source.access, source.prefix, node)  # transposed shards
+    if isinstance(source, ShardedStoreArray):
         order, why = _v2_layout(source.codec.inner, source.order)
         if why and source.order != tuple(range(len(source.order))):
             why = f"shards transposed before sharding_indexed, each inner chunk decoded: {why}"
@@ -268,7 +268,7 @@ def _to_v2(source: ZarrSource) -> ZarrArray:
         order, why = _v2_layout(outer)
         bytes_bytes = outer.bytes_bytes
     codec = codecs.raw(ZARR2, why) if why else codecs.v3_to_v2(bytes_bytes)
-    identity = node.key_encoding.name == "v2" and not isinstance(source, ShardedSource)
+    identity = node.key_encoding.name == "v2" and not isinstance(source, ShardedStoreArray)
     return ZarrArray(
         source,
         ZARR2,
@@ -299,18 +299,18 @@ def _v2_layout(chain: CodecChain, outer: tuple[int, ...] | None = None) -> tuple
     return "C", "Zarr v2 keeps C or F order only"
 
 
-def zarr_array(access: SourceAccess, folder: Folder, target: str) -> ZarrArray | str:
+def zarr_array(access: StoreAccess, folder: Folder, target: str) -> ZarrArray | str:
     """The Zarr view of the array in ``folder``, or why the view leaves it out."""
     node = folder.array
     assert node is not None
-    source = source_array(access, folder.prefix, node)
+    source = store_array(access, folder.prefix, node)
     if isinstance(source, str):
         return source
-    if isinstance(source, N5Source):
+    if isinstance(source, N5StoreArray):
         codec = codecs.from_n5(source.node.compression, target, source.dtype.itemsize)
         attrs, names = from_n5(node.attributes, len(node.shape), named=target == ZARR3)
         return ZarrArray(source, target, codec, attributes=attrs, dimension_names=names)
-    assert isinstance(source, ZarrSource)
+    assert isinstance(source, ZarrStoreArray)
     why = _numeric(source.dtype, target)
     if why is not None:
         return why
@@ -325,7 +325,7 @@ def zarr_array(access: SourceAccess, folder: Folder, target: str) -> ZarrArray |
 class ZarrTree(ViewTree):
     """The namespace of ``--as zarr3`` / ``--as zarr2`` (see the module docs)."""
 
-    def __init__(self, access: SourceAccess, target: str) -> None:
+    def __init__(self, access: StoreAccess, target: str) -> None:
         super().__init__(access)
         if target not in (ZARR3, ZARR2):
             raise ValueError(f"no Zarr view {target!r}")

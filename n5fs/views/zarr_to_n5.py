@@ -21,7 +21,7 @@ from n5fs.formats.base import ArrayNode
 from n5fs.formats.n5 import DATA_TYPES, VERSION0_COMPRESSION_KEY, is_dataset_attributes
 from n5fs.formats.zarr2 import Zarr2Format
 from n5fs.formats.zarr3 import Zarr3ArrayNode, Zarr3Format
-from n5fs.views import codecs
+from n5fs.views import declared_codecs as codecs
 from n5fs.views.attributes import to_n5
 
 _SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}

@@ -21,7 +21,7 @@ import zarr
 from n5fs.cli import commands
 from n5fs.cli.commands import EXIT_INVALID, EXIT_UNREADABLE
 from n5fs.cli.main import main
-from n5fs.detect import Source
+from n5fs.detect import OpenedSource
 from n5fs.testing.doubles import FaultyStore
 from tests.writers import ramp, tensorstore_n5, zarr_python_hierarchy
 
@@ -103,7 +103,7 @@ def faulty_source(
     failing after its retries does."""
     real = commands.open_cli_source
 
-    def opened(text: str, *, read_only: bool = False) -> Source:
+    def opened(text: str, *, read_only: bool = False) -> OpenedSource:
         source = real(text, read_only=read_only)
         store = FaultyStore(source.store)  # no local files: every read meets the faults
         for op in ops:

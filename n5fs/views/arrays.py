@@ -1,13 +1,13 @@
 """The arrays of a store as every view sees them: C order, cut into units.
 
-A :class:`SourceArray` is one array of the store in *view order*: the axes a Zarr view
+A :class:`StoreArray` is one array of the store in *view order*: the axes a Zarr view
 shows (an N5 dataset's reversed: N5 lists the fastest-varying axis first, so the bytes of an
 N5 block read in C order with its dimensions reversed, and no value moves), cut into *units*
 (its chunks; a sharded Zarr v3 array's inner chunks, or its shards where they must be read
 whole: :func:`whole_shards`). Each unit is found from metadata and the gateway's listings
-alone (:meth:`SourceArray.locate`, no chunk read), and read as its stored bytes
-(:meth:`~SourceArray.payload`, for a view that keeps the codec) or as values
-(:meth:`~SourceArray.values`, decoded once and cached).
+alone (:meth:`StoreArray.locate`, no chunk read), and read as its stored bytes
+(:meth:`~StoreArray.payload`, for a view that keeps the codec) or as values
+(:meth:`~StoreArray.values`, decoded once and cached).
 
 N5 blocks are decoded here from the header and the dataset's ``compression`` (the public
 pieces of :mod:`n5fs.codecs`) rather than through
@@ -40,7 +40,7 @@ from n5fs.gateway.namespace.paths import EntryKind
 if TYPE_CHECKING:
     from n5fs.formats.base import ArrayNode
     from n5fs.gateway import Attr
-    from n5fs.views.access import SourceAccess
+    from n5fs.views.access import StoreAccess
 
 Position = tuple[int, ...]
 
@@ -64,10 +64,10 @@ class Located:
         return self.key if self.offset is None else f"{self.key}\x00{self.offset}"
 
 
-class SourceArray(abc.ABC):
+class StoreArray(abc.ABC):
     """One array of the store, in view order (see the module docs)."""
 
-    def __init__(self, access: SourceAccess, prefix: str, node: ArrayNode) -> None:
+    def __init__(self, access: StoreAccess, prefix: str, node: ArrayNode) -> None:
         self.access = access
         self.prefix = prefix
         self.node = node
@@ -183,7 +183,7 @@ class SourceArray(abc.ABC):
         return found
 
 
-class N5Source(SourceArray):
+class N5StoreArray(StoreArray):
     """An N5 dataset: axes reversed, values big-endian as stored, missing blocks 0."""
 
     node: N5ArrayNode
@@ -263,7 +263,7 @@ class N5Source(SourceArray):
         return np.frombuffer(payload, dtype=self.dtype).reshape(header.dims[::-1])
 
 
-class ZarrSource(SourceArray):
+class ZarrStoreArray(StoreArray):
     """A Zarr v2 or v3 array, one unit per stored chunk (a sharded one: per shard)."""
 
     node: Zarr2ArrayNode | Zarr3ArrayNode
@@ -303,12 +303,12 @@ class ZarrSource(SourceArray):
         return self.node.decode_chunk(pos, data)
 
 
-class ShardedSource(ZarrSource):
+class ShardedStoreArray(ZarrStoreArray):
     """A sharded Zarr v3 array, one unit per inner chunk: found through its shard's index
     (one ranged GET per shard, cached), read by one ranged GET of its own.
 
-    ``transpose`` codecs before ``sharding_indexed`` (which :func:`source_array` leaves to a
-    :class:`ZarrSource` of whole shards; the Zarr v2 view makes this one of them) transpose
+    ``transpose`` codecs before ``sharding_indexed`` (which :func:`store_array` leaves to a
+    :class:`ZarrStoreArray` of whole shards; the Zarr v2 view makes this one of them) transpose
     each shard before it is cut: the inner chunk grid, the index and every inner chunk are
     in the transposed shard's axes. :attr:`order` maps them to view axes, so a unit is still
     one inner chunk, its values transposed back on decode. Nothing may follow
@@ -421,21 +421,21 @@ def _check_index(table: np.ndarray[Any, Any], length: int, size: int, where: str
 def whole_shards(node: Zarr3ArrayNode) -> bool:
     """Must a view read this sharded array's shards whole? Yes when a transposition precedes
     ``sharding_indexed`` (the Zarr v2 view reads those by inner chunk all the same:
-    :class:`ShardedSource` maps their axes) or a bytes codec follows it (it wraps each shard
+    :class:`ShardedStoreArray` maps their axes) or a bytes codec follows it (it wraps each shard
     whole: the index's byte ranges are no inner chunks)."""
     return bool(node.codecs.array_array or node.codecs.bytes_bytes)
 
 
-def source_array(access: SourceAccess, prefix: str, node: ArrayNode) -> SourceArray | str:
+def store_array(access: StoreAccess, prefix: str, node: ArrayNode) -> StoreArray | str:
     """The array at ``prefix`` as views read it, or why no view can show it."""
     if isinstance(node, N5ArrayNode):
-        return N5Source(access, prefix, node)
+        return N5StoreArray(access, prefix, node)
     if isinstance(node, (Zarr2ArrayNode, Zarr3ArrayNode)) and node.dtype.hasobject:
         return "its values are Python objects (variable-length), not fixed-size numbers"
     if isinstance(node, Zarr3ArrayNode):
         if node.sharding is not None and not whole_shards(node):
-            return ShardedSource(access, prefix, node)
-        return ZarrSource(access, prefix, node)
+            return ShardedStoreArray(access, prefix, node)
+        return ZarrStoreArray(access, prefix, node)
     if isinstance(node, Zarr2ArrayNode):
-        return ZarrSource(access, prefix, node)
+        return ZarrStoreArray(access, prefix, node)
     return f"{node.fmt} arrays are not supported by views"
