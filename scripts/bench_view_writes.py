@@ -15,24 +15,17 @@ floor: the same bytes as N5 blocks, staged and validated by the gateway.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from n5fs.fuse_front.mounts import mount_entry, unmount
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
+from n5fs.testing.soak import mounted, peak_rss_mib
 
 MiB = 1 << 20
 PIECE = 1 * MiB  # each writer writes its chunk in pieces of this size, as cp does
@@ -83,41 +76,6 @@ def block_payload(block: bytes, compression: str) -> bytes:
     return zlib.decompress(body, 31) if compression == "gzip" else body
 
 
-@contextlib.contextmanager
-def mounted(source: Path, mountpoint: Path, log: Path, extra: list[str]) -> Iterator[int]:
-    mountpoint.mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "n5fs", "mount", str(source), str(mountpoint), *extra]
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([*argv, "--foreground"], stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        deadline = time.monotonic() + 60
-        while mount_entry(str(mountpoint)) is None:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"did not mount: {log.read_text()[-600:]}")
-            time.sleep(0.05)
-        os.stat(mountpoint)
-        yield proc.pid
-    finally:
-        if mount_entry(str(mountpoint)) is not None:
-            try:
-                unmount(str(mountpoint))
-            except Exception:  # noqa: BLE001 (a busy mount: detach it lazily)
-                unmount(str(mountpoint), lazy=True)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def peak_rss(pid: int) -> int:
-    """The process's peak resident set (``VmHWM``), in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc status")
-
-
 def write_all(paths: list[Path], datas: list[bytes]) -> list[str]:
     """Each file written by its own thread at once, in pieces; the errors, if any."""
     errors: list[str] = []
@@ -142,7 +100,7 @@ def write_all(paths: list[Path], datas: list[bytes]) -> list[str]:
 def run(tmp: Path, chunks: int, chunk_bytes: int, compression: str, budget: str) -> int:
     limits = ["--staging-size", budget, "--cache-size", budget]
     datas = [payload(i, chunk_bytes) for i in range(chunks)]
-    rows: list[tuple[str, int, float, str]] = []
+    rows: list[tuple[str, float, float, str]] = []
     for name, extra, made in (
         ("native N5 blocks", limits, lambda d: n5_block(d, compression)),
         ("--as zarr3 chunks", [*limits, "--as", "zarr3"], lambda d: zarr_chunk(d, compression)),
@@ -150,13 +108,12 @@ def run(tmp: Path, chunks: int, chunk_bytes: int, compression: str, budget: str)
         source = tmp / name.split()[0].strip("-") / "src"
         make_dataset(source, chunks, chunk_bytes, compression)
         files = [made(d) for d in datas]
-        with mounted(source, tmp / "mnt", tmp / "mount.log", extra) as pid:
-            time.sleep(0.5)
-            before = peak_rss(pid)
+        with mounted(str(source), tmp / "mnt", tmp / "state", *extra) as pid:
+            before = peak_rss_mib(pid)
             started = time.perf_counter()
             errors = write_all([tmp / "mnt" / "d" / str(i) for i in range(chunks)], files)
             seconds = time.perf_counter() - started
-            peak = peak_rss(pid)
+            peak = peak_rss_mib(pid)
         del files
         bad = [
             str(i)
@@ -166,11 +123,11 @@ def run(tmp: Path, chunks: int, chunk_bytes: int, compression: str, budget: str)
         ]
         verdict = "; ".join(errors) or (f"blocks wrong: {', '.join(bad)}" if bad else "ok")
         rows.append((name, peak, seconds, verdict))
-        print(f"  {name}: idle {before / MiB:.0f} MiB", flush=True)
+        print(f"  {name}: idle {before:.0f} MiB", flush=True)
     print(f"\n{chunks} chunks of {chunk_bytes // MiB} MiB, {compression}, budgets {budget}:")
     print(f"{'write path':<22} {'peak RSS':>10} {'seconds':>8}  blocks")
     for name, peak, seconds, verdict in rows:
-        print(f"{name:<22} {peak / MiB:>6.0f} MiB {seconds:>8.2f}  {verdict}")
+        print(f"{name:<22} {peak:>6.0f} MiB {seconds:>8.2f}  {verdict}")
     print(f"view / native peak RSS: {rows[1][1] / rows[0][1]:.2f}x")
     return 0 if all(row[3] == "ok" for row in rows) else 1
 

@@ -187,7 +187,8 @@ def mounted(source: str, mountpoint: Path, state: Path, *args: str) -> Iterator[
             subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=False)
 
 
-def _peak_rss_mib(pid: int) -> float:
+def peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set (``VmHWM``) in MiB; 0 once it is gone."""
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -354,7 +355,7 @@ def run_soak(
             soak.run_workers()
             proxy.clear()
             report.daemon_alive = tempnames.process_alive(pid)
-            report.peak_rss_mib = _peak_rss_mib(pid)
+            report.peak_rss_mib = peak_rss_mib(pid)
         report.requests = Counter(proxy.counts)
         report.injected = Counter(proxy.injected)
     report.seconds = time.monotonic() - start
