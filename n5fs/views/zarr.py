@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -101,6 +101,10 @@ class ZarrArray:
     attributes: Mapping[str, Any] = field(default_factory=dict)
     #: a v3 array's ``dimension_names`` (None: none declared)
     dimension_names: tuple[str | None, ...] | None = None
+    #: the byte order of the stored payloads a Zarr v2 view passes through (``">"``, ``"<"``;
+    #: ``""``: the source's type says it): a v3 array's ``bytes`` codec names its endianness
+    #: apart from its data type, a v2 ``dtype`` carries it
+    byte_order: Literal["", "<", ">"] = ""
 
     # -- metadata ------------------------------------------------------------------------------
 
@@ -144,13 +148,21 @@ class ZarrArray:
             "zarr_format": 2,
             "shape": list(self.source.shape),
             "chunks": list(self.source.units),
-            "dtype": self.source.dtype.str,
+            "dtype": self._v2_dtype().str,
             "compressor": self.codec.config,
             "fill_value": fill_json(self.source.fill, self.source.dtype),
             "order": self.order,
             "filters": None,
             "dimension_separator": self.separator,
         }
+
+    def _v2_dtype(self) -> np.dtype[Any]:
+        """The ``dtype`` of a Zarr v2 view: the stored byte order where payloads pass through
+        as stored, else the source's type (what decoded chunks are served in)."""
+        dtype = self.source.dtype
+        if self.codec.passthrough and self.byte_order and dtype.itemsize > 1:
+            return dtype.newbyteorder(self.byte_order)
+        return dtype
 
     # -- chunk keys ----------------------------------------------------------------------------
 
@@ -260,13 +272,15 @@ def _to_v2(source: ZarrStoreArray) -> ZarrArray:
     if node.sharding is not None and not isinstance(source, ShardedStoreArray):
         source = ShardedStoreArray(source.access, source.prefix, node)  # transposed shards
     if isinstance(source, ShardedStoreArray):
-        order, why = _v2_layout(source.codec.inner, source.order)
+        chain = source.codec.inner
+        order, why = _v2_layout(chain, source.order)
         if why and source.order != tuple(range(len(source.order))):
             why = f"shards transposed before sharding_indexed, each inner chunk decoded: {why}"
-        bytes_bytes = source.codec.inner.bytes_bytes
     else:
-        order, why = _v2_layout(outer)
-        bytes_bytes = outer.bytes_bytes
+        chain = outer
+        order, why = _v2_layout(chain)
+    bytes_bytes = chain.bytes_bytes
+    endian = chain.array_bytes.endian if isinstance(chain.array_bytes, BytesCodec) else None
     codec = codecs.raw(ZARR2, why) if why else codecs.v3_to_v2(bytes_bytes)
     identity = node.key_encoding.name == "v2" and not isinstance(source, ShardedStoreArray)
     return ZarrArray(
@@ -277,6 +291,7 @@ def _to_v2(source: ZarrStoreArray) -> ZarrArray:
         identity,
         node.key_encoding.separator if identity else ".",
         node.attributes,
+        byte_order=">" if endian == "big" else "<" if endian == "little" else "",
     )
 
 
