@@ -257,9 +257,7 @@ def test_no_file_may_take_the_index_name(proxy: FaultProxy, s3_bucket: str) -> N
     gw.close()
 
 
-def test_a_chunk_walk_shows_the_kept_times(
-    proxy: FaultProxy, s3_bucket: str, client: Any
-) -> None:
+def test_a_chunk_walk_shows_the_kept_times(proxy: FaultProxy, s3_bucket: str, client: Any) -> None:
     """An array's chunk folders are answered from one flat listing: the indexes it names
     apply to the chunks after them."""
     zarray = {
