@@ -162,3 +162,15 @@ def test_the_flusher_writes_without_being_asked(objects: Objects) -> None:
     wait_until(lambda: objects.entries("d/") == {"f": KEPT}, "the flusher writes the index")
     times.close()
     assert not [t for t in threading.enumerate() if t.name == "n5fs-s3-times" and t not in before]
+
+
+def test_chunks_rewritten_beside_timed_files_cost_no_index_write(
+    times: KeptTimes, objects: Objects
+) -> None:
+    times.kept("d/f", KEPT, '"abc"', 4)
+    times.flush()
+    listed(times, objects, "d/", KeyInfo("d/f", 4, 5.0, '"abc"'))
+    before = list(objects.requests)
+    times.removed("d/0")  # a plain write of a key the index does not name
+    times.flush()
+    assert objects.requests == before

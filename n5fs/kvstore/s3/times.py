@@ -274,11 +274,14 @@ class KeptTimes:
 
     def removed(self, key: str) -> None:
         """``key`` was deleted or rewritten without a time: its entry goes, where its
-        folder's index is known to exist or an edit of this store may have made one."""
+        folder's index may hold one (it exists and was not read, or names ``key``) or an edit
+        of this store may have made one. Chunks rewritten in a folder whose index names other
+        files cost nothing."""
         folder, name = folder_of(key), basename(key)
         with self._lock:
+            loaded = self._loaded.get(folder)
             known = (
-                folder in self._found
+                (folder in self._found and (loaded is None or name in loaded.entries))
                 or name in self._pending.get(folder, {})
                 or name in self._writing.get(folder, {})
             )
@@ -366,6 +369,9 @@ class KeptTimes:
             return  # removals from an index no listing named: nothing to remove from
         for attempt in range(CAS_ATTEMPTS):
             entries = merged(loaded.entries if loaded is not None else {}, edits)
+            if loaded is not None and entries == loaded.entries:
+                self._remember(folder, loaded)
+                return  # nothing changes
             version = None if loaded is None else f'"{loaded.etag}"'
             try:
                 if not entries:
