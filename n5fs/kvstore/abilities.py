@@ -79,7 +79,7 @@ class StoreTraits:
     #: ``rename_prefix`` moves a whole folder in one atomic step (a directory on disk)
     atomic_prefix_rename: bool = False
     #: ``list`` reports the mtimes ``set_mtime`` kept (S3 listings carry only LastModified:
-    #: there ``stat`` must be asked)
+    #: there ``stat`` must be asked, or the listings, where the store has :class:`ListedTimes`)
     listing_mtimes: bool = True
     #: a prefix can exist with nothing under it (a directory on disk)
     empty_prefixes: bool = False

@@ -112,7 +112,8 @@ class S3Store(KvStore):
     """
 
     spec_type: ClassVar[type[S3Spec]] = S3Spec
-    #: a LIST carries LastModified, not the ``mtime`` metadata: ``stat`` reports that. One
+    #: a LIST carries LastModified, not the ``mtime`` metadata: ``stat`` reports that, and
+    #: listings do once asked (:meth:`show_kept_times`, the times indexes). One
     #: request per folder is the cost of a chunk tree listed folder by folder; a walk answers
     #: 1,000 keys of any folders per request. Many mounts may share a bucket.
     traits = StoreTraits(listing_mtimes=False, flat_listing_preferred=True, shared_versions=True)
