@@ -104,6 +104,9 @@ def main() -> int:
     parser.add_argument("--folders", type=int, default=10)
     parser.add_argument("--plain", action="store_true", help="plain folders, not an array")
     parser.add_argument(
+        "--cache-ttl", help="the mounts' --cache-ttl (a run longer than it lists folders again)"
+    )
+    parser.add_argument(
         "--latency", type=float, action="append", help="one-way delay, seconds (repeatable)"
     )
     args = parser.parse_args()
@@ -120,13 +123,16 @@ def main() -> int:
         untimed = fill(endpoint, args.files, args.folders, plain=args.plain)
         timed = fill(endpoint, args.files, args.folders, plain=args.plain)
         set_times(endpoint, timed, work)
+        ttl = ("--cache-ttl", args.cache_ttl) if args.cache_ttl else ()
         rows = [
-            ("ro", untimed, ("--read-only",)),
-            ("rw", untimed, ()),
-            ("rw, times set", timed, ()),
+            ("ro", untimed, ("--read-only", *ttl)),
+            ("rw", untimed, ttl),
+            ("rw, times set", timed, ttl),
         ]
         tree = "plain folders" if args.plain else "chunk folders of a Zarr array"
         print(f"find | xargs cat of {args.files} files of 1 KiB in {args.folders} {tree}")
+        if args.cache_ttl:
+            print(f"mounts with --cache-ttl {args.cache_ttl}")
         print("| mount | one-way latency | seconds | files read | requests per file | requests |")
         print("| --- | --- | --- | --- | --- | --- |")
         for latency in latencies:
