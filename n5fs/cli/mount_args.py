@@ -91,9 +91,10 @@ def mount_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "durable=fsync|commit (when a commit to a local store is on disk: at fsync/unmount, "
         "or before close returns), consistency=ttl|strict (see --consistency), "
         "conditional=auto|off (metadata commits as compare-and-swap where the store honours "
-        "conditional writes, probed at mount; off: last writer wins), mtime=kept|listing (on "
-        "S3: the time cp -a/rsync -a kept, one HEAD per stat, or LastModified from the "
-        "listing; default kept read-write, listing read-only), "
+        "conditional writes, probed at mount; off: last writer wins), mtime=kept|listing|head "
+        "(on S3: the time cp -a/rsync -a kept through n5fs, one GET per folder that has one; "
+        "LastModified from the listing; or each file's kept time, one HEAD per stat; default "
+        "kept read-write, listing read-only), "
         "cache_size=SIZE, "
         "cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE, s3_connect_timeout=SECONDS, "
         "s3_read_timeout=SECONDS, s3_retries=N; others go to libfuse",

@@ -30,11 +30,13 @@ asks the store on every lookup (kernel timeouts 0 too). ``conditional=auto`` mak
 commits compare-and-swap where the store honours conditional writes (probed at mount);
 ``off`` keeps last-writer-wins.
 
-``mtime=kept|listing`` (n5fs's own): where a file's mtime comes from on S3, whose listings
-carry only ``LastModified``: ``kept`` asks for the time ``touch``/``cp -a``/``rsync -a`` kept
-(one HEAD per stat), ``listing`` answers ``LastModified`` without a request. The default is
+``mtime=kept|listing|head`` (n5fs's own): where a file's mtime comes from on S3, whose
+listings carry only ``LastModified``: ``kept`` shows the time ``touch``/``cp -a``/``rsync -a``
+kept through any n5fs mount (from each folder's times index: one GET per folder that has one,
+no request per file), ``listing`` answers ``LastModified`` without a request, ``head`` asks
+each file's metadata (one HEAD per stat: times rclone or s3fs-fuse kept too). The default is
 ``kept`` on a read-write mount (``rsync -a`` into it must see the times it set) and
-``listing`` on a read-only one (stat storms and opens cost no HEAD).
+``listing`` on a read-only one.
 
 ``as=zarr3|zarr2|npy|n5`` (n5fs's own, ``--as``) mounts a view of the store in that format
 (docs/semantics.md, "Views": writes through a Zarr view of N5 data or an N5 view of Zarr data
@@ -139,8 +141,9 @@ class MountOptions:
     consistency: str | None = None
     #: ``-o conditional=``: metadata commits as compare-and-swap where possible (auto) or not
     conditional: str = CONDITIONAL_MODES[0]
-    #: ``-o mtime=``: kept times asked per stat (kept) or the listing's (listing); None: kept
-    #: on read-write mounts, listing on read-only ones
+    #: ``-o mtime=``: kept times from the folders' indexes (kept), the listing's own
+    #: (listing) or asked per stat (head); None: kept on read-write mounts, listing on
+    #: read-only ones
     mtime: str | None = None
     #: ``-o as=``: the format the mount shows (``native``: the store's own)
     view: str = "native"

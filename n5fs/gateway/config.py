@@ -9,7 +9,7 @@ from dataclasses import dataclass
 #: the ``consistency`` settings (see :class:`GatewayConfig`)
 CONSISTENCY = ("ttl", "strict")
 #: the ``mtime`` settings (see :class:`GatewayConfig`)
-MTIME_SOURCES = ("kept", "listing")
+MTIME_SOURCES = ("kept", "listing", "head")
 
 
 @dataclass
@@ -46,8 +46,10 @@ class GatewayConfig:
     #: (``auto``: probed at mount; ``off``: last-writer-wins, one writing mount per hierarchy)
     conditional: str = "auto"
     #: a file's mtime on a store whose listings cannot carry the kept one (S3): ``kept``
-    #: asks the store (one HEAD per stat: what ``rsync -a`` into the mount needs), ``listing``
-    #: answers the listing's time (no request); None: kept on read-write mounts, listing on
+    #: shows the times n5fs mounts kept, from the listings (S3: one GET per folder where a
+    #: time was kept, none elsewhere: what ``rsync -a`` into the mount needs), ``listing``
+    #: answers the listing's own time (no request), ``head`` asks the store per stat (one HEAD
+    #: per file: times other tools kept too); None: kept on read-write mounts, listing on
     #: read-only ones (``-o mtime=``)
     mtime: str | None = None
     #: what other mounts' commits this mount sees when (``-o consistency=``): ``ttl`` trusts

@@ -57,7 +57,7 @@ from n5fs.gateway.read.reader import ObjectReader, PageCache
 from n5fs.gateway.write.filecalls import FileCalls, read_whole
 from n5fs.gateway.write.handles import OpenFiles, StagingConfig
 from n5fs.gateway.write.staging import StagingBudget
-from n5fs.kvstore.abilities import Durability, settable_durability
+from n5fs.kvstore.abilities import Durability, listed_times, settable_durability
 from n5fs.kvstore.keys import folders_above
 from n5fs.workers import Workers
 
@@ -83,9 +83,15 @@ class Gateway:
         self.workers = Workers()
         self.mode = Mode(cfg.validate)
         self.read_only = cfg.read_only or not store.traits.writable
-        kept = cfg.mtime == "kept" or (cfg.mtime is None and not self.read_only)
-        #: a stat asks the store for the kept mtime its listing cannot show (S3: a HEAD)
-        self._ask_mtimes = kept and not store.traits.listing_mtimes
+        source = cfg.mtime or ("listing" if self.read_only else "kept")
+        listed = None if store.traits.listing_mtimes else listed_times(store)
+        if source == "kept" and listed is not None:
+            listed.show_kept_times(True)  # S3: from each folder's times index, no HEAD a file
+        #: a stat asks the store for the kept mtime its listing cannot show (a HEAD on S3):
+        #: ``-o mtime=head``, or ``kept`` where listings cannot be asked for kept times
+        self._ask_mtimes = not store.traits.listing_mtimes and (
+            source == "head" or (source == "kept" and listed is None)
+        )
         durability = settable_durability(store)
         if durability is not None:
             durability.set_durability(Durability(cfg.durable))

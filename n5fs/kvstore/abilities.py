@@ -14,12 +14,14 @@ kinds of extras, kept apart on purpose:
 - an *ability* is a set of methods only some stores have: :class:`LocalFiles` (keys kept as
   files of a local folder), :class:`ConditionalWrites` (compare-and-swap by version),
   :class:`SettableDurability` (when a write is on disk can be chosen), :class:`PartWrites`
-  (a value written from its pieces, never joined). Each is a runtime-checkable
+  (a value written from its pieces, never joined), :class:`ListedTimes` (listings that can
+show kept mtimes, at a price the caller chooses to pay). Each is a runtime-checkable
   :class:`typing.Protocol`, and a driver has one exactly when it has the methods: nothing
   on :class:`~n5fs.kvstore.base.KvStore` stands in for them.
 
 Ask for an ability through its function here (:func:`local_files`,
-:func:`conditional_writes`, :func:`settable_durability`, :func:`part_writes`), which answers
+:func:`conditional_writes`, :func:`settable_durability`, :func:`part_writes`,
+:func:`listed_times`), which answers
 the store as that protocol, or None; never by ``isinstance`` on a store of unknown kind.
 Why: a wrapper (:class:`~n5fs.kvstore.wrappers.ForwardingStore`, the test doubles) carries
 the methods of every ability it passes on, whatever it wraps, so ``isinstance`` would claim
@@ -50,12 +52,14 @@ if TYPE_CHECKING:
 __all__ = [
     "ConditionalWrites",
     "Durability",
+    "ListedTimes",
     "LocalFiles",
     "PartWrites",
     "SettableDurability",
     "StoreTraits",
     "conditional_writes",
     "has_ability",
+    "listed_times",
     "local_files",
     "part_writes",
     "settable_durability",
@@ -75,7 +79,7 @@ class StoreTraits:
     #: ``rename_prefix`` moves a whole folder in one atomic step (a directory on disk)
     atomic_prefix_rename: bool = False
     #: ``list`` reports the mtimes ``set_mtime`` kept (S3 listings carry only LastModified:
-    #: there ``stat`` must be asked)
+    #: there ``stat`` must be asked, or the listings, where the store has :class:`ListedTimes`)
     listing_mtimes: bool = True
     #: a prefix can exist with nothing under it (a directory on disk)
     empty_prefixes: bool = False
@@ -169,6 +173,18 @@ class PartWrites(Protocol):
         ...
 
 
+@runtime_checkable
+class ListedTimes(Protocol):
+    """A store whose listings do not show kept mtimes by themselves (``listing_mtimes`` is
+    False) but can be asked to, for less than a ``stat`` per key (S3: the times n5fs kept,
+    from one hidden index object per folder, :mod:`n5fs.kvstore.s3.times`)."""
+
+    def show_kept_times(self, on: bool) -> None:
+        """From now on ``list`` and ``walk`` show the kept times they can (``on``), or
+        only the store's own (no request more)."""
+        ...
+
+
 # == asking =========================================================================================
 
 
@@ -200,3 +216,8 @@ def settable_durability(store: KvStore) -> SettableDurability | None:
 def part_writes(store: KvStore) -> PartWrites | None:
     """``store`` as :class:`PartWrites`, None where a value is written whole (``set``)."""
     return store if isinstance(store, PartWrites) and store.has_ability(PartWrites) else None
+
+
+def listed_times(store: KvStore) -> ListedTimes | None:
+    """``store`` as :class:`ListedTimes`, None where its listings cannot be asked for them."""
+    return store if isinstance(store, ListedTimes) and store.has_ability(ListedTimes) else None

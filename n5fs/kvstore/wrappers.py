@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, ClassVar
 from n5fs.errors import NotSupported, ReadOnly
 from n5fs.kvstore.abilities import (
     ConditionalWrites,
+    ListedTimes,
     LocalFiles,
     SettableDurability,
     conditional_writes,
+    listed_times,
     local_files,
     settable_durability,
 )
@@ -51,7 +53,7 @@ class ForwardingStore(KvStore):
     #: store has it. Not :class:`PartWrites`: a subclass that changes ``set`` (a double that
     #: counts or fails writes) would be gone around; a wrapper writes a value whole.
     passes_on: ClassVar[frozenset[type]] = frozenset(
-        {LocalFiles, ConditionalWrites, SettableDurability}
+        {LocalFiles, ConditionalWrites, SettableDurability, ListedTimes}
     )
 
     def has_ability(self, kind: type) -> bool:
@@ -146,6 +148,12 @@ class ForwardingStore(KvStore):
         if writes is None:
             raise NotSupported(f"{type(self.inner).__name__} has no conditional writes")
         return writes
+
+    def show_kept_times(self, on: bool) -> None:
+        inner = listed_times(self.inner)
+        if inner is None:
+            raise NotSupported(f"{type(self.inner).__name__} lists no kept times")
+        inner.show_kept_times(on)
 
     def set_durability(self, durability: Durability) -> None:
         inner = settable_durability(self.inner)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from n5fs.kvstore.tempnames import PARTIAL_SUFFIX
+from n5fs.testing.s3_proxy import fault_proxy
 from tests.mounting import wait_until
 
 pytestmark = pytest.mark.fuse
@@ -151,6 +152,40 @@ def test_rsync_a_into_s3_keeps_times(mounter, tmp_path: Path, s3_server, s3_buck
     time.sleep(1.5)  # every cached listing and kernel attribute has expired
     second = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     assert "Number of regular files transferred: 0" in second, second
+
+
+@pytest.mark.s3
+@pytest.mark.skipif(shutil.which("rsync") is None, reason="rsync is not installed")
+def test_rsync_a_again_through_a_fresh_s3_mount_copies_nothing_and_sends_no_head(
+    mounter, tmp_path: Path, s3_server, s3_bucket
+) -> None:
+    """The times the first ``rsync -a`` kept reach a fresh mount (its folders' times
+    indexes, written by the first mount at unmount): the second run transfers nothing, and
+    its quick check (a stat of every file) asks the endpoint no HEAD."""
+    data = tmp_path / "data"
+    old = time.time() - 86400 * 3
+    for folder in ("a", "b", "b/c"):
+        (data / folder).mkdir(parents=True)
+        for i in range(4):
+            (data / folder / f"f{i}").write_bytes(os.urandom(300))
+            os.utime(data / folder / f"f{i}", (old + i, old + i))
+    with fault_proxy(s3_server.endpoint) as proxy:
+        spec = {"driver": "s3", "bucket": s3_bucket, "path": "data/", "endpoint": proxy.endpoint}
+        source = json.dumps(spec)
+
+        def rsync(mp: Path) -> str:
+            args = ["rsync", "-a", "--itemize-changes", "--stats", f"{data}/", f"{mp}/"]
+            return subprocess.run(args, capture_output=True, text=True, check=True).stdout
+
+        first_mp = mounter.daemon(source, name="first")
+        assert "Number of regular files transferred: 12" in rsync(first_mp)
+        assert mounter.cli("unmount", str(first_mp)).returncode == 0
+        second_mp = mounter.daemon(source, name="second")
+        proxy.reset_counts()
+        second = rsync(second_mp)
+        assert "Number of regular files transferred: 0" in second, second
+        assert not [line for line in second.splitlines() if line.startswith(">f")], second
+        assert proxy.counts["HEAD"] == 0, dict(proxy.counts)
 
 
 @pytest.mark.s3

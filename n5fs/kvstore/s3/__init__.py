@@ -15,10 +15,11 @@ Nothing outside the package imports them, tests aside.
 - ``conditional``: ``If-Match``/``If-None-Match`` refusals, and the probe of an endpoint;
 - ``uploads``: multipart uploads and the local journal of those in flight;
 - ``leftovers``: what killed writers leave in a bucket, found and removed;
-- ``headers``: the ``mtime`` metadata and the headers a server-side copy keeps.
+- ``headers``: the ``mtime`` metadata and the headers a server-side copy keeps;
+- ``times``: kept times that a LIST shows, from one hidden index object per folder.
 
 State and locks (each a leaf lock: none is taken while another is held, none is held across
-a request):
+a request; the one exception is the times' ``_flush_lock``, below):
 
 - :class:`S3Store` ``_pool_lock`` guards the thread pool shared by ``get_many``, multipart
   parts and ``copy_many`` (made on first use, swapped out at ``close``); the boto3 client is
@@ -36,6 +37,11 @@ a request):
   appends and rewrites of journal files happen under it); each process appends only to its
   own journal file and a sweeper rewrites only dead writers' files, so no two processes write
   one file at once. ``uploads.now`` is the clock leftovers are aged by (tests replace it).
+- :class:`~n5fs.kvstore.s3.times.KeptTimes` ``_lock`` (a leaf) guards the indexes seen and
+  read and the edits not yet written; ``_flush_lock`` serializes the writes of indexes and is
+  held across their requests, taken before ``_lock`` and by nothing but the flusher thread,
+  ``flush``, ``close`` and the removals of prefixes (no other lock of this package is held
+  while it is taken; a caller's may be, and nothing under it calls back out of the store).
 - ``client``, ``conditional``, ``errors``, ``headers`` and ``integrity`` are stateless.
 """
 

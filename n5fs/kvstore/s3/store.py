@@ -19,6 +19,10 @@ s3fs-fuse reads it too), which ``stat`` (HEAD) reports, else LastModified (``lis
 reports LastModified: a LIST carries no user metadata). :meth:`S3Store.set_with_mtime` sends
 it with the PUT; :meth:`S3Store.set_mtime` copies the object onto itself with it. ``copy``
 and ``rename`` keep the source's time, headers, user metadata and storage class (not ACLs).
+Every time kept so is also noted in its folder's hidden times index, which a LIST names, so
+that ``list`` and ``walk`` show kept times without a HEAD per object once a mount asks
+(:meth:`S3Store.show_kept_times`; :mod:`~n5fs.kvstore.s3.times` says when and at what cost);
+no file may be called ``.n5fs-mtimes`` (AccessDenied).
 
 Conditional writes (:meth:`S3Store.set_if`, :mod:`n5fs.kvstore.s3.conditional`): ``If-Match``
 (``If-None-Match: *`` to create) on the PUT or on CompleteMultipartUpload; a refusal is
@@ -44,10 +48,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from boto3.exceptions import S3UploadFailedError
 from botocore import exceptions as bce
 
-from n5fs.errors import InvalidSource, KeyNotFound, N5fsError, NotSupported, StoreUnavailable
+from n5fs.errors import (
+    AccessDenied,
+    InvalidSource,
+    KeyNotFound,
+    N5fsError,
+    NotSupported,
+    StoreUnavailable,
+)
 from n5fs.kvstore.abilities import StoreTraits
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing, Versioned, slice_bytes
-from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix
+from n5fs.kvstore.keys import check_key, check_prefix, dir_prefix, folder_of
 from n5fs.kvstore.s3 import conditional, integrity, retries, uploads
 from n5fs.kvstore.s3.client import checksum_args, client_for, transfer_config
 from n5fs.kvstore.s3.errors import (
@@ -59,6 +70,7 @@ from n5fs.kvstore.s3.errors import (
 )
 from n5fs.kvstore.s3.headers import MTIME_META, copy_args, format_mtime, mtime_of
 from n5fs.kvstore.s3.leftovers import S3Leftovers
+from n5fs.kvstore.s3.times import KeptTimes, index_key, is_index
 from n5fs.kvstore.s3.uploads import Upload, UploadJournal
 from n5fs.kvstore.spec import S3Spec
 
@@ -100,7 +112,8 @@ class S3Store(KvStore):
     """
 
     spec_type: ClassVar[type[S3Spec]] = S3Spec
-    #: a LIST carries LastModified, not the ``mtime`` metadata: ``stat`` reports that. One
+    #: a LIST carries LastModified, not the ``mtime`` metadata: ``stat`` reports that, and
+    #: listings do once asked (:meth:`show_kept_times`, the times indexes). One
     #: request per folder is the cost of a chunk tree listed folder by folder; a walk answers
     #: 1,000 keys of any folders per request. Many mounts may share a bucket.
     traits = StoreTraits(listing_mtimes=False, flat_listing_preferred=True, shared_versions=True)
@@ -141,6 +154,8 @@ class S3Store(KvStore):
             uploads=self._uploads_under,
             abort=self._abort,
         )
+        #: the kept times its LISTs show (:mod:`~n5fs.kvstore.s3.times`)
+        self._times = KeptTimes(self, format_mtime)
 
     @classmethod
     def from_spec(cls, spec: S3Spec) -> S3Store:
@@ -260,12 +275,15 @@ class S3Store(KvStore):
         check_prefix(prefix)
         keys: list[KeyInfo] = []
         prefixes: list[str] = []
+        indexes: dict[str, str] = {}
         for page in self._pages(prefix, delimiter):
-            keys.extend(self._infos(page))
+            keys.extend(self._infos(page, indexes))
             for common in page.get("CommonPrefixes", ()):
                 rel = self._relative(common["Prefix"], as_prefix=True)
                 if rel is not None:
                     prefixes.append(rel)
+        whole = prefix if delimiter == "/" and (not prefix or prefix.endswith("/")) else None
+        keys = self._times.listed(keys, indexes, whole=whole)
         return Listing(tuple(keys), tuple(prefixes))
 
     def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
@@ -274,15 +292,25 @@ class S3Store(KvStore):
         the caller gets to it, so a caller that stops early stops the requests, and a key
         was read no earlier than the caller asked for the key a page before it."""
         check_prefix(prefix)
+        seen: dict[str, str] = {}
         for page in self._pages(prefix, None, page_size=WALK_PAGE):
-            yield from self._infos(page)
+            indexes: dict[str, str] = {}
+            infos = list(self._infos(page, indexes))
+            yield from self._times.listed(infos, indexes, shown=seen)
+            seen.update(indexes)
 
-    def _infos(self, page: Mapping[str, Any]) -> Iterator[KeyInfo]:
+    def _infos(self, page: Mapping[str, Any], indexes: dict[str, str]) -> Iterator[KeyInfo]:
+        """The keys of a LIST page; the times indexes it names go to ``indexes`` (folder ->
+        ETag), never to the keys."""
         for obj in page.get("Contents", ()):
             rel = self._relative(obj["Key"])
-            if rel is not None and not conditional.is_scratch(rel):
-                mtime = obj["LastModified"].timestamp()
-                yield KeyInfo(rel, int(obj["Size"]), mtime, obj.get("ETag"))
+            if rel is None or conditional.is_scratch(rel):
+                continue
+            if is_index(rel):
+                indexes[folder_of(rel)] = obj.get("ETag", "")
+                continue
+            mtime = obj["LastModified"].timestamp()
+            yield KeyInfo(rel, int(obj["Size"]), mtime, obj.get("ETag"))
 
     def _pages(
         self, prefix: str, delimiter: str | None, *, page_size: int | None = None
@@ -325,12 +353,14 @@ class S3Store(KvStore):
         self._check_writable(key)
         with self._errors(key):
             self._put(self._full(key), value, {})
+        self._times.removed(key)
 
     def set_with_mtime(self, key: str, value: bytes, mtime: float) -> bool:
         """One PUT carrying the time as metadata (no HEAD, no copy after it)."""
         self._check_writable(key)
         with self._errors(key):
-            self._put(self._full(key), value, {}, {MTIME_META: format_mtime(mtime)})
+            answer = self._put(self._full(key), value, {}, {MTIME_META: format_mtime(mtime)})
+        self._times.kept(key, mtime, answer.get("ETag"), len(value))
         return True
 
     def _put(
@@ -453,6 +483,7 @@ class S3Store(KvStore):
             refused = conditional.conflict(code, key, version, self.where)
             raise (refused or translate(exc, self.where, key)) from exc
         etag: str | None = answer.get("ETag")
+        self._times.removed(key)
         return etag
 
     def fault_counters(self) -> dict[str, int]:
@@ -469,28 +500,29 @@ class S3Store(KvStore):
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
         """Upload a local file, checked like any value (:meth:`_upload`)."""
         self._upload(key, path, None)
+        self._times.removed(key)
 
     def put_file_with_mtime(self, key: str, path: str | os.PathLike[str], mtime: float) -> bool:
-        self._upload(key, path, {MTIME_META: format_mtime(mtime)})
+        size, answer = self._upload(key, path, {MTIME_META: format_mtime(mtime)})
+        self._times.kept(key, mtime, answer.get("ETag"), size)
         return True
 
-    def _upload(self, key: str, path: str | os.PathLike[str], meta: Meta) -> None:
+    def _upload(self, key: str, path: str | os.PathLike[str], meta: Meta) -> tuple[int, Any]:
         """The file's bytes through :meth:`_put` (checked like any value): read whole below
         the multipart threshold, mapped above it (parts are copied a window at a time), so
-        memory stays bounded."""
+        memory stays bounded. Returns the size and the answer that made the object."""
         self._check_writable(key)
         full = self._full(key)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < self._threshold:
                 with self._errors(key):
-                    self._put(full, f.read(), {}, meta)
-                return
+                    return size, self._put(full, f.read(), {}, meta)
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 view = memoryview(mapped)
                 try:
                     with self._errors(key):
-                        self._put(full, view, {}, meta)
+                        return size, self._put(full, view, {}, meta)
                 finally:
                     view.release()
 
@@ -499,6 +531,7 @@ class S3Store(KvStore):
         self._check_writable(key)
         with self._errors(key):
             self._call("delete_object", Key=full)
+        self._times.removed(key)
 
     def copy(self, src: str, dst: str) -> None:
         """Server-side: CopyObject up to 5 GiB, a managed multipart copy above. The copy
@@ -510,8 +543,10 @@ class S3Store(KvStore):
             raise KeyNotFound(f"copy source {src!r} does not exist in {self.where}")
         if source == target:
             return
+        mtime = mtime_of(head)
         with self._errors(src):
-            self._copy(source, target, head, copy_args(head, mtime_of(head)))
+            etag = self._copy(source, target, head, copy_args(head, mtime))
+        self._times.kept(dst, mtime, etag, int(head["ContentLength"]))
 
     def set_mtime(self, key: str, mtime: float) -> None:
         """A copy onto itself with ``mtime`` metadata (other headers kept); an object that
@@ -524,17 +559,21 @@ class S3Store(KvStore):
         args = {**copy_args(head, mtime), "CopySourceIfMatch": head["ETag"]}
         with self._errors(key):
             try:
-                self._copy(full, full, head, args)
+                etag = self._copy(full, full, head, args)
             except bce.ClientError as exc:
                 if error_code(exc) not in ("PreconditionFailed", "412"):
                     raise
                 log.debug("s3: %r changed while its time was set; it keeps its own", key)
+                return
+        self._times.kept(key, mtime, etag, int(head["ContentLength"]))
 
-    def _copy(self, source: str, target: str, head: Args, args: Args) -> None:
+    def _copy(self, source: str, target: str, head: Args, args: Args) -> str | None:
+        """Copy and return the copy's ETag (a multipart copy's from a HEAD after it)."""
         origin = {"Bucket": self._spec.bucket, "Key": source}
         if int(head["ContentLength"]) <= self._copy_limit:
-            self._call("copy_object", Key=target, CopySource=origin, **args)
-            return
+            answer = self._call("copy_object", Key=target, CopySource=origin, **args)
+            etag: str | None = answer.get("CopyObjectResult", {}).get("ETag")
+            return etag
         self._client.copy(
             origin,
             self._spec.bucket,
@@ -542,11 +581,14 @@ class S3Store(KvStore):
             ExtraArgs={**self._payer, **args},
             Config=transfer_config(self._threshold, self._part_size),
         )
+        made = self._call("head_object", Key=target)
+        return str(made["ETag"]) if made.get("ETag") else None
 
     def delete_prefix(self, prefix: str) -> int:
         """Page by page: every object under ``prefix`` (markers included), 1,000 a request."""
         check_prefix(prefix)
         self._check_writable(prefix or "/")
+        self._times.drop_under(prefix)
         removed = 0
         for page in self._pages(prefix, None):
             names = [obj["Key"] for obj in page.get("Contents", ())]
@@ -569,6 +611,8 @@ class S3Store(KvStore):
         names = [self._full(key) for key in keys]
         for start in range(0, len(names), _DELETE_BATCH):
             self._delete_batch(names[start : start + _DELETE_BATCH])
+        for key in keys:
+            self._times.removed(key)
 
     def _delete_batch(self, names: Sequence[str]) -> int:
         objects = [{"Key": name} for name in names]
@@ -620,7 +664,54 @@ class S3Store(KvStore):
                 if error_code(exc) not in ("NoSuchUpload", "404"):
                     raise
 
+    # -- kept times in listings (:mod:`~n5fs.kvstore.s3.times`) -------------------------------
+
+    def show_kept_times(self, on: bool) -> None:
+        """Listings show the times n5fs kept (one GET per folder that has an index) or only
+        LastModified (no request more)."""
+        self._times.shown = on
+
+    def remove_prefix(self, prefix: str) -> None:
+        """An emptied folder goes with its times index (which alone would keep it listed)."""
+        folder = dir_prefix(prefix)
+        if folder and self._times.index_known(folder):
+            self._times.drop_under(folder)
+            self.delete_index(index_key(folder))
+
+    def flush(self) -> None:
+        """Write the kept times not yet in their indexes (a mount's ``fsync``)."""
+        self._times.flush()
+
+    def read_index(self, key: str) -> tuple[bytes, str] | None:
+        read = self._read(key, None)
+        if read is None:
+            return None
+        answer, data = read
+        return data, answer.get("ETag", "")
+
+    def write_index(self, key: str, data: bytes, version: str | None) -> str:
+        super()._check_writable(key)
+        try:
+            answer = self._put(self._full(key), data, conditional.conditions(version))
+        except (bce.BotoCoreError, bce.ClientError) as exc:
+            code = error_code(exc) if isinstance(exc, bce.ClientError) else ""
+            refused = conditional.conflict(code, key, version, self.where)
+            raise (refused or translate(exc, self.where, key)) from exc
+        etag: str = answer.get("ETag", "")
+        return etag
+
+    def delete_index(self, key: str) -> None:
+        super()._check_writable(key)
+        with self._errors(key):
+            self._call("delete_object", Key=self._full(key))
+
+    def _check_writable(self, key: str) -> None:
+        super()._check_writable(key)
+        if is_index(key):
+            raise AccessDenied(f"{key!r}: n5fs keeps the folder's kept times there")
+
     def close(self) -> None:
+        self._times.close()
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None:
