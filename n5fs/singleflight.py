@@ -206,6 +206,14 @@ class LoadingCache(Generic[V]):
             entry = self._fresh(key, self._clock())
         return entry.value if entry is not None else None
 
+    def peek(self, key: str) -> V | None:
+        """The value held for ``key`` even past its TTL (None: none, or a negative entry);
+        never loads, never drops. For guesses only (the read-ahead guesses what a reader will
+        ask next from a folder's listing): whatever is read still goes by a live value."""
+        with self._lock:
+            entry = self._data.get(key)
+        return None if entry is None else entry.value
+
     def answers(self, key: str) -> bool:
         """Would :meth:`load` answer ``key`` without waiting (a live value, or an expired one
         it serves while refreshing)? Never loads."""
