@@ -519,3 +519,28 @@ def test_without_the_folders_the_read_ahead_stops_at_the_folders_end(
         _drain(r)
     r.close()
     assert own == ["z/0/0", "z/1/0", "z/2/0"]
+
+
+def test_a_gateway_reads_ahead_into_the_next_folders_from_listings_past_their_ttl(
+    store: CountingStore,
+) -> None:
+    """Through the gateway: ``find`` lists the tree, then ``xargs cat`` reads it in that
+    order; its folder listings have expired by then (lookups list each folder again), and
+    the read-ahead still takes each next folder's first objects from the last listing."""
+    keys = tree(store.inner, 4, 6)
+    clock = Clock(1000.0)
+    gw = Gateway(store, GatewayConfig(ttl=5.0, read_only=True), clock=clock)
+    for folder in ("/z", *(f"/z/{i}" for i in range(4))):
+        gw.readdir(folder)
+    clock.advance(10.0)  # every listing has expired
+    own = own_fetches(store)
+    for key in find_order(keys):
+        fh = gw.open(f"/{key}", os.O_RDONLY)
+        try:
+            assert gw.read(fh, 1 << 17, 0) == store.inner.get(key)
+        finally:
+            gw.release(fh)
+        assert gw.reader.prefetcher.idle(WAIT)
+    gw.close()
+    assert own == ["z/0/0"]
+    assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))
