@@ -24,7 +24,7 @@ Moto's speed is not S3's: read the times as ratios between the systems of one ru
 request counts as they are.
 
     python scripts/bench_s3.py                 # 0 and 25 ms, every system, 2,000 chunks
-    python scripts/bench_s3.py --quick         # n5fs only, 1,000 chunks, 8 blocks (< 3 min)
+    python scripts/bench_s3.py --quick         # n5fs ro only, 1,000 chunks, 8 blocks (< 3 min)
     python scripts/bench_s3.py --latency 0.025 --systems n5fs-ro,rclone
 """
 
@@ -278,7 +278,7 @@ def report(results: dict[float, dict[str, dict[str, Cell]]], args: argparse.Name
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="n5fs only, 8 blocks, 1,000 chunks: under three minutes")  # fmt: skip
+                   help="n5fs ro only, 8 blocks, 1,000 chunks: under three minutes")  # fmt: skip
     p.add_argument("--latency", type=float, action="append", help="one way, seconds (repeat)")
     p.add_argument("--systems", default=None, help=f"comma-separated of {','.join(SYSTEMS)}")
     p.add_argument("--workloads", default=None,
@@ -289,9 +289,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tmp", default=None, help="where mount points go (default: $TMPDIR)")
     args = p.parse_args(argv)
     args.latency = args.latency or [0.0, 0.025]
-    args.systems = (args.systems or ("n5fs-ro,n5fs-rw" if args.quick else ",".join(SYSTEMS))).split(
-        ","
-    )
+    default = "n5fs-ro" if args.quick else ",".join(SYSTEMS)
+    args.systems = (args.systems or default).split(",")
     unknown = set(args.systems) - set(SYSTEMS)
     if unknown:
         p.error(f"unknown systems {sorted(unknown)}")
