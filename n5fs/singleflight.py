@@ -171,15 +171,17 @@ class LoadingCache(Generic[V]):
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _fresh(self, key: str, now: float) -> _Entry[V] | None:
-        """The live entry of ``key`` (caller holds the lock). An expired one is dropped,
-        unless it may be served while it is refreshed (``revalidate``, a positive entry)."""
+    def _fresh(self, key: str, now: float, *, drop: bool = True) -> _Entry[V] | None:
+        """The live entry of ``key`` (caller holds the lock). An expired one is dropped
+        (unless ``drop`` is False: a question that loads nothing leaves it for
+        :meth:`peek`), unless it may be served while it is refreshed (``revalidate``, a
+        positive entry)."""
         assert_held(self._lock)
         entry = self._data.get(key)
         if entry is None:
             return None
         if self.ttl is not None and now - entry.arrived >= self._lifetime(entry):
-            if not self._serves_stale(entry):
+            if drop and not self._serves_stale(entry):
                 del self._data[key]
             return None
         self._data.move_to_end(key)
@@ -201,10 +203,19 @@ class LoadingCache(Generic[V]):
         return after is not None and entry.error is None and entry.took >= after
 
     def get(self, key: str) -> V | None:
-        """The cached value, or None (absent, expired, or a negative entry); never loads."""
+        """The cached value, or None (absent, expired, or a negative entry); never loads (nor
+        drops an expired value: :meth:`peek` may still see it, and :meth:`load` drops it)."""
         with self._lock:
-            entry = self._fresh(key, self._clock())
+            entry = self._fresh(key, self._clock(), drop=False)
         return entry.value if entry is not None else None
+
+    def peek(self, key: str) -> V | None:
+        """The value held for ``key`` even past its TTL (None: none, or a negative entry);
+        never loads, never drops. For guesses only (the read-ahead guesses what a reader will
+        ask next from a folder's listing): whatever is read still goes by a live value."""
+        with self._lock:
+            entry = self._data.get(key)
+        return None if entry is None else entry.value
 
     def answers(self, key: str) -> bool:
         """Would :meth:`load` answer ``key`` without waiting (a live value, or an expired one

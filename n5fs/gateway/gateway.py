@@ -50,6 +50,7 @@ from n5fs.gateway.namespace.listings import NamespaceView
 from n5fs.gateway.namespace.paths import (
     Attr,
     EntryKind,
+    FileMap,
     path_to_key,
     statfs_of,
 )
@@ -124,8 +125,9 @@ class Gateway:
             small_object=cfg.small_object,
             readahead=cfg.readahead,
             workers=self.workers,
+            clock=clock,
         )
-        self.reader.follow(self.view.cached_files)
+        self.reader.follow(self._listed_files, self._listed_folders)
         self.committer = Committer(
             store,
             self.detector,
@@ -197,6 +199,19 @@ class Gateway:
 
     def _control_bytes(self, key: str) -> bytes:
         return self.control.content(key)  # (made before the control entries exist)
+
+    def _listed_files(self, prefix: str) -> FileMap | None:
+        """The files of ``prefix`` as the last listing held them, even past its TTL (what
+        the read-ahead fetches: a guess, and every read goes by a live listing); never a LIST.
+        A reader of a tree listed longer ago than the TTL still gets the next folder's
+        objects fetched ahead while its lookups list that folder again."""
+        entries = self.view.listings.peek(prefix)
+        return None if entries is None else entries.files
+
+    def _listed_folders(self, prefix: str) -> frozenset[str] | None:
+        """The subfolders of ``prefix`` as the last listing held them (as above)."""
+        entries = self.view.listings.peek(prefix)
+        return None if entries is None else entries.dirs
 
     def stats(self) -> dict[str, int]:
         return self.control.stats()

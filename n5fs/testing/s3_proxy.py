@@ -82,6 +82,8 @@ _NOT_FORWARDED = frozenset(
 )
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer"})
 _BLOCK = 1 << 16
+#: query parameters of a bucket GET that lists keys (ListObjectsV2, or the first version)
+_LISTING = frozenset({"list-type", "prefix", "delimiter", "marker", "max-keys"})
 
 
 @dataclass
@@ -126,7 +128,7 @@ class Fault:
 def _kind_of(method: str, key: str, query: dict[str, list[str]], headers: object) -> str:
     """The request's kind for the counters."""
     if method == "GET" and not key:
-        return "LIST" if "list-type" in query or not query else "GET"
+        return "LIST" if _LISTING.intersection(query) or not query else "GET"
     if method == "GET" and getattr(headers, "get", lambda _: None)("Range"):
         return "GET range"
     if method == "PUT" and "partNumber" in query:

@@ -385,6 +385,23 @@ def test_walk_loaded_before_a_commit_does_not_hide_it(
     assert gw.view.listings.discarded >= 1  # the walk's arr/1/ was not stored
 
 
+def test_peek_answers_past_the_ttl_and_never_loads_or_drops() -> None:
+    now = [0.0]
+    cache: LoadingCache[str] = LoadingCache(5.0, clock=lambda: now[0])
+    assert cache.peek("d/") is None
+    cache.put("d/", "listed")
+    now[0] = 10.0  # expired: get answers None, peek what was listed
+    assert cache.peek("d/") == "listed"
+    assert cache.get("d/") is None
+    assert cache.peek("d/") == "listed"  # a get drops nothing
+    assert not cache.answers("d/")  # expired, and no slow load to serve stale: dropped
+    assert cache.peek("d/") is None
+    assert cache.load("d/", lambda: "again") == "again"
+    cache.put("e/", "listed")
+    cache.invalidate("e/")  # a commit: no guess from what it changed
+    assert cache.peek("e/") is None
+
+
 def test_batch_stores_holes_read_after_every_touch() -> None:
     now = [0.0]
     cache: LoadingCache[str] = LoadingCache(None, clock=lambda: now[0])

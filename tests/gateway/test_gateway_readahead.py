@@ -24,7 +24,7 @@ from n5fs.kvstore.memory import MemoryStore
 from n5fs.testing.doubles import WAIT, Call, Clock, CountingStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Collection, Mapping
 
 MiB = 1 << 20
 
@@ -44,8 +44,15 @@ def listing_of(store: KvStore) -> Callable[[str], Mapping[str, KeyInfo] | None]:
 
 
 def reader(store: KvStore, *, cache: int = 64 * MiB, ahead: int = 4) -> ObjectReader:
+    """A reader whose clock stands still: fetches take no time, so the read-ahead stays at
+    ``ahead`` objects (the depth tests below move a clock of their own)."""
     r = ObjectReader(
-        store, cache_bytes=cache, small_object=4 * MiB, readahead=8 * MiB, ahead_objects=ahead
+        store,
+        cache_bytes=cache,
+        small_object=4 * MiB,
+        readahead=8 * MiB,
+        ahead_objects=ahead,
+        clock=Clock(0.0),
     )
     r.follow(listing_of(store))
     return r
@@ -255,3 +262,285 @@ def test_same_size_same_second_replacement_by_another_mount_is_seen() -> None:
     assert _read(mine, "/k") == (b"new bytes", PageCache.DROP)
     mine.close()
     theirs.close()
+
+
+# == depth: the fetch time over the reader's pace ==================================================
+
+
+class ThreadClock:
+    """Each thread's own time: a fetch moves only the clock of the thread that makes it, so
+    fetches running at once on the pool each measure exactly the time the test gives them,
+    and the reader's thread measures only what the test moves it by."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __call__(self) -> float:
+        return float(getattr(self._local, "now", 0.0))
+
+    def advance(self, seconds: float) -> None:
+        self._local.now = self() + seconds
+
+
+FETCH = 0.05  # seconds a GET takes (50 ms: a round trip to a distant region)
+PACE = 0.002  # seconds a reader takes from one object to asking for the next
+
+
+def distant(store: CountingStore, *, cache: int = 64 * MiB, max_ahead: int = 64) -> ObjectReader:
+    """A reader of ``store`` whose GETs each take :data:`FETCH` by its clock."""
+    clock = ThreadClock()
+    store.hook("get", lambda _call: clock.advance(FETCH))
+    r = ObjectReader(
+        store,
+        cache_bytes=cache,
+        small_object=4 * MiB,
+        readahead=8 * MiB,
+        ahead_objects=4,
+        ahead_max=max_ahead,
+        clock=clock,
+    )
+    r.follow(listing_of(store), folders_of(store))
+    r.test_clock = clock  # type: ignore[attr-defined]
+    return r
+
+
+def folders_of(store: KvStore) -> Callable[[str], Collection[str] | None]:
+    def folders(prefix: str) -> Collection[str] | None:
+        return frozenset(p[len(prefix) :].rstrip("/") for p in store.list(prefix).prefixes)
+
+    return folders
+
+
+def read_paced(r: ObjectReader, store: CountingStore, key: str) -> bytes:
+    """Read ``key`` whole as a reader taking :data:`PACE` before it, once the read-ahead
+    that earlier reads started has landed (so what is in flight is this read's doing)."""
+    _drain(r)
+    r.test_clock.advance(PACE)  # type: ignore[attr-defined]
+    return read_all(r, store, key)
+
+
+def grid_keys(folder: str, count: int) -> list[str]:
+    """Names 0, 1, 2, ... (the grid order; the listing has 0, 1, 10, 11, ...)."""
+    return [f"{folder}/{i}" for i in range(count)]
+
+
+@pytest.mark.parametrize("order", ["listing", "grid"])
+def test_the_depth_covers_the_fetch_time_over_the_readers_pace(
+    store: CountingStore, order: str
+) -> None:
+    """50 ms a GET, 2 ms a reader takes per object: 25 objects in flight keep it from
+    waiting; after a few reads in order, one read puts that many in the air at once."""
+    keys = grid_keys("a", 100)
+    for key in keys:
+        store.inner.set(key, os.urandom(1024))
+    walk = keys if order == "grid" else sorted(keys)
+    r = distant(store)
+    for key in walk[:2]:  # the first read gets 4 ahead; the second shows the reader's pace
+        assert read_paced(r, store, key) == store.inner.get(key)
+    assert r.pace.depth() == round(FETCH / PACE) == 25
+    _drain(r)
+    fetched = set(store.per_key("get"))  # a grid reader's first read guessed the listing,
+    fetched.add(walk[2])  # so it fetches its third object itself (past the gate)
+    gate = store.gate("get", lambda key: key not in fetched, times=None)
+    r.test_clock.advance(PACE)  # type: ignore[attr-defined]
+    read_all(r, store, walk[2])  # the next 25 in the reader's order go in the air at once
+    wanted = set(walk[3 : 3 + 25]) - fetched
+    held = {call.key for call in gate.wait_reached(len(wanted))}
+    assert held == wanted
+    assert r.prefetcher.in_flight() == (len(wanted), len(wanted) * 1024)
+    assert len(wanted) > 20
+    gate.release()
+    for key in walk[3:]:
+        assert read_paced(r, store, key) == store.inner.get(key)
+    r.close()
+    assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))
+
+
+def test_the_depth_stays_within_the_byte_budget(store: CountingStore) -> None:
+    """However deep the pace asks, the bytes ahead of the reader stay within a quarter of
+    the cache: in flight, and landed but not yet read (a deeper window would evict what it
+    fetched before the reader got there, and fetch it again)."""
+    keys = folder_of(store.inner, 40, size=MiB)
+    # 16 MiB of cache: 4 MiB ahead, 4 objects of 1 MiB, though the pace asks for 25
+    r = distant(store, cache=16 * MiB)
+    for key in keys[:2]:
+        read_paced(r, store, key)
+    assert r.pace.depth() == 25
+    _drain(r)
+    gate = store.gate("get", lambda key: key > keys[5], times=None)
+    r.test_clock.advance(PACE)  # type: ignore[attr-defined]
+    read_all(r, store, keys[2])
+    held = {call.key for call in gate.wait_reached(1)}
+    assert held == {keys[6]}  # 3, 4, 5 came before: four ahead of keys[2]
+    assert r.prefetcher.in_flight() == (1, MiB)
+    gate.release()
+    for key in keys[3:]:
+        read_paced(r, store, key)
+        objects, nbytes = r.prefetcher.in_flight()
+        assert objects <= 4
+        assert nbytes <= 4 * MiB
+        assert r.cache.size <= 16 * MiB
+    r.close()
+    assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))
+
+
+def test_the_pool_bounds_the_depth(store: CountingStore) -> None:
+    keys = folder_of(store.inner, 60)
+    r = distant(store, max_ahead=10)
+    for key in keys[:2]:
+        read_paced(r, store, key)
+    assert r.pace.depth() == 10  # 25 wanted, 10 the mount's bound
+    _drain(r)
+    gate = store.gate("get", lambda key: key > keys[5], times=None)
+    r.test_clock.advance(PACE)  # type: ignore[attr-defined]
+    read_all(r, store, keys[2])
+    held = {call.key for call in gate.wait_reached(7)}
+    assert held == set(keys[6:13])  # ten ahead of keys[2]: the first four came before
+    assert r.prefetcher.in_flight()[0] == 7
+    gate.release()
+    r.close()
+
+
+RANDOM = [17, 3, 29, 8, 35, 12, 24, 1, 31, 6, 20, 38, 14, 27, 10, 33, 22, 5, 36, 15]
+
+
+def test_a_random_reader_gets_no_read_ahead_however_slow_the_store(store: CountingStore) -> None:
+    keys = folder_of(store.inner, 40)
+    r = distant(store)
+    for at in RANDOM:  # no step of one, none within a window, never the first object
+        assert read_paced(r, store, keys[at]) == store.inner.get(keys[at])
+    r.close()
+    assert r.prefetcher.started == 0
+    assert store.per_key("get") == Counter(keys[at] for at in RANDOM)
+
+
+def test_a_random_reader_from_the_first_object_gets_what_it_always_got(
+    store: CountingStore,
+) -> None:
+    """A first read of a folder's first object gets the four next ahead (a first read
+    confirms no order), then random reads get nothing more, however deep a follower's depth
+    would be."""
+    keys = folder_of(store.inner, 40)
+    r = distant(store)
+    for at in [0, *RANDOM]:
+        read_paced(r, store, keys[at])
+    r.close()
+    assert r.prefetcher.started == 4
+    assert set(store.per_key("get")) == {keys[at] for at in [0, 1, 2, 3, 4, *RANDOM]}
+
+
+# == orders: grid order, and on into the next folders =============================================
+
+
+def own_fetches(store: CountingStore) -> list[str]:
+    """The keys whose GET ran on the test's thread: the reader waited for a whole fetch."""
+    main = threading.main_thread().name
+    seen: list[str] = []
+    store.hook("get", lambda call: seen.append(call.key) if _on(main) else None)
+    return seen
+
+
+def _on(name: str) -> bool:
+    return threading.current_thread().name == name
+
+
+def test_a_reader_in_grid_order_gets_the_grid_order_fetched_ahead(store: CountingStore) -> None:
+    keys = grid_keys("a", 30)  # 0, 1, 2, ... 29; the listing: 0, 1, 10, 11, ... 19, 2, 20, ...
+    for key in keys:
+        store.inner.set(key, os.urandom(64))
+    own = own_fetches(store)
+    r = reader(store, ahead=4)
+    for key in keys:
+        assert read_all(r, store, key) == store.inner.get(key)
+        _drain(r)
+    r.close()
+    # 0: nothing ahead yet; 1: ahead in either order; 2: the listing order was the guess (10,
+    # 11, ... came ahead); from 2 on the reader follows the grid order and never waits
+    assert own == ["a/0", "a/2"]
+    assert max(store.per_key("get").values()) == 1
+
+
+def tree(store: KvStore, rows: int, per_row: int, *, top: str = "z") -> list[str]:
+    """A Zarr-like chunk tree ``top/row/col`` (``/`` separated chunk keys); its keys in
+    grid order."""
+    keys = [f"{top}/{i}/{j}" for i in range(rows) for j in range(per_row)]
+    for key in keys:
+        store.set(key, os.urandom(64))
+    store.set(f"{top}/.zarray", b"{}")
+    return keys
+
+
+def find_order(keys: list[str]) -> list[str]:
+    """Listing order per folder, folders in listing order: what ``find | xargs cat`` reads."""
+    return sorted(keys, key=lambda key: key.split("/"))
+
+
+@pytest.mark.parametrize("order", ["find", "grid"])
+def test_the_read_ahead_goes_on_into_the_next_folders(store: CountingStore, order: str) -> None:
+    keys = tree(store.inner, 12, 12)  # folders 0 ... 11 of chunks 0 ... 11: the orders differ
+    walk = find_order(keys) if order == "find" else keys
+    own = own_fetches(store)
+    r = reader(store, ahead=4)
+    r.follow(listing_of(store), folders_of(store))
+    for key in walk:
+        assert read_all(r, store, key) == store.inner.get(key)
+        _drain(r)
+    r.close()
+    # only the first object is the reader's own: the grid reader shows its order in the first
+    # folder (0, 1, 2, where the listing has 0, 1, 10), and from there every folder's first
+    # objects come while it reads the one before (z/1, z/2: not z/10 as in the listing)
+    assert own == ["z/0/0"]
+    assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))
+
+
+def test_a_deeper_tree_is_followed_across_its_rows(store: CountingStore) -> None:
+    keys = [f"v/{i}/{j}/{k}" for i in range(3) for j in range(3) for k in range(5)]
+    for key in keys:
+        store.inner.set(key, os.urandom(64))
+    own = own_fetches(store)
+    r = reader(store, ahead=4)
+    r.follow(listing_of(store), folders_of(store))
+    for key in keys:  # v/0/2/4 is followed by v/1/0/0: up two levels and down again
+        read_all(r, store, key)
+        _drain(r)
+    r.close()
+    assert own == ["v/0/0/0"]
+    assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))
+
+
+def test_without_the_folders_the_read_ahead_stops_at_the_folders_end(
+    store: CountingStore,
+) -> None:
+    keys = tree(store.inner, 3, 6)
+    own = own_fetches(store)
+    r = reader(store, ahead=4)  # files only: no subfolders known
+    for key in keys:
+        read_all(r, store, key)
+        _drain(r)
+    r.close()
+    assert own == ["z/0/0", "z/1/0", "z/2/0"]
+
+
+def test_a_gateway_reads_ahead_into_the_next_folders_from_listings_past_their_ttl(
+    store: CountingStore,
+) -> None:
+    """Through the gateway: ``find`` lists the tree, then ``xargs cat`` reads it in that
+    order; its folder listings have expired by then (lookups list each folder again), and
+    the read-ahead still takes each next folder's first objects from the last listing."""
+    keys = tree(store.inner, 4, 6)
+    clock = Clock(1000.0)
+    gw = Gateway(store, GatewayConfig(ttl=5.0, read_only=True), clock=clock)
+    for folder in ("/z", *(f"/z/{i}" for i in range(4))):
+        gw.readdir(folder)
+    clock.advance(10.0)  # every listing has expired
+    own = own_fetches(store)
+    for key in find_order(keys):
+        fh = gw.open(f"/{key}", os.O_RDONLY)
+        try:
+            assert gw.read(fh, 1 << 17, 0) == store.inner.get(key)
+        finally:
+            gw.release(fh)
+        assert gw.reader.prefetcher.idle(WAIT)
+    gw.close()
+    assert own == ["z/0/0"]
+    assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))

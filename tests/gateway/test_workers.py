@@ -13,6 +13,7 @@ import pytest
 
 from n5fs import workers as workers_module
 from n5fs.gateway import Gateway, GatewayConfig
+from n5fs.gateway.read.reader import READ_WORKERS
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.workers import Workers, WorkersClosed
 
@@ -111,7 +112,7 @@ def test_a_gateway_owns_every_pool_starts_none_and_stops_all_at_close() -> None:
     assert gw.workers.sizes() == {
         "n5fs-refresh": 2,
         "n5fs-walk": 4,
-        "n5fs-read": 4,
+        "n5fs-read": READ_WORKERS,
         "n5fs-stored-chunks": cpus,
         "n5fs-check": cpus,
     }
@@ -129,6 +130,6 @@ def test_a_reader_of_its_own_stops_its_pool_at_close() -> None:
     from n5fs.gateway.read.reader import ObjectReader
 
     reader = ObjectReader(MemoryStore(), cache_bytes=1 << 20, small_object=1 << 20, readahead=0)
-    assert reader.workers.sizes() == {"n5fs-read": 4}
+    assert reader.workers.sizes() == {"n5fs-read": READ_WORKERS}
     reader.close()
     assert reader.workers.closed

@@ -4,9 +4,11 @@ that doubles on sequential access (the kernel asks in 128 KiB pieces; S3 wants M
 fetched as several ranges at once on a bounded pool (one GET stream is latency-bound on S3).
 
 A whole object is fetched once however many ask for it, and a reader walking a folder's
-objects in listing order gets the next ones fetched ahead into the same LRU, on the same pool
-(:mod:`n5fs.gateway.read.prefetch`; the gateway tells :meth:`ObjectReader.follow` where folder
-listings come from). Prefetched bytes count against ``cache_bytes`` like any other.
+objects in order (listing or grid order, and on into the next folders) gets the next ones
+fetched ahead into the same LRU, on the same pool, as many at once as the store's latency over
+the reader's pace asks, within bounds (:mod:`n5fs.gateway.read.prefetch`; the gateway tells
+:meth:`ObjectReader.follow` where folder listings come from). Prefetched bytes count against
+``cache_bytes`` like any other.
 
 Where the store keeps a key in a local file (:meth:`~n5fs.kvstore.abilities.LocalFiles.local_path`:
 the file store), a read-only handle opens that file once and every read is one ``pread`` on
@@ -51,12 +53,13 @@ from __future__ import annotations
 import enum
 import os
 import stat
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound
 from n5fs.gateway.read.byte_cache import ByteLRU, Counters, Stamp, Version
-from n5fs.gateway.read.prefetch import Flights, Prefetcher
+from n5fs.gateway.read.prefetch import Flights, Pace, Prefetcher
 from n5fs.kvstore.abilities import local_files
 from n5fs.kvstore.base import ByteRange
 from n5fs.kvstore.keys import basename, folder_of
@@ -64,7 +67,7 @@ from n5fs.malloc import map_large_buffers
 from n5fs.workers import Workers
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Collection, Mapping
     from concurrent.futures import Future
 
     from n5fs.kvstore.abilities import LocalFiles
@@ -74,12 +77,17 @@ _FIRST_READAHEAD = 1 << 20
 #: a read-ahead window is fetched as ranges of at least this many bytes, at most _PARTS of them
 _MIN_PART = 1 << 20
 _PARTS = 4
-#: the read pool (:class:`~n5fs.workers.Workers`): its threads' name, and how many fetches
-#: run on it at once (whole objects ahead, ranges of large objects)
-READ_POOL = "n5fs-read"
-READ_WORKERS = 4
-#: objects of a folder fetched ahead of a reader that follows its listing order
+#: objects fetched ahead of a reader with no history, and the least ahead of one that follows
+#: an order (more as the store's latency over the reader's pace asks: :class:`Pace`)
 AHEAD_OBJECTS = 4
+#: objects fetched ahead at once for the whole mount: deep enough for a reader that takes a
+#: millisecond an object on a store that takes some 50 ms a request
+AHEAD_MAX = 64
+#: the read pool (:class:`~n5fs.workers.Workers`): its threads' name, and how many fetches
+#: run on it at once (whole objects ahead, ranges of large objects beside them); its threads
+#: start one per fetch that finds none idle, and wait on the network, not on the CPU
+READ_POOL = "n5fs-read"
+READ_WORKERS = AHEAD_MAX + 2 * _PARTS
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -136,10 +144,13 @@ class ObjectReader:
         small_object: int,
         readahead: int,
         ahead_objects: int = AHEAD_OBJECTS,
+        ahead_max: int = AHEAD_MAX,
         workers: Workers | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``workers``: whose threads read ahead (a gateway's); None: a :class:`Workers` of
-        the reader's own, shut down by :meth:`close`."""
+        the reader's own, shut down by :meth:`close`. ``clock`` times fetches and readers for
+        the read-ahead's depth (:class:`~n5fs.gateway.read.prefetch.Pace`)."""
         map_large_buffers()
         self._own_workers = workers is None
         self.workers = Workers() if workers is None else workers
@@ -150,19 +161,30 @@ class ObjectReader:
         self.small_object = small_object
         self.max_readahead = readahead
         self.counters = Counters("store_reads", "bytes_out")
-        self.flights = Flights(self.cache, self._fetch)
+        ahead_max = max(ahead_max, ahead_objects)
+        self.pace = Pace(clock, ahead_objects, ahead_max)
+        self.flights = Flights(self.cache, self._fetch, self.pace)
         self.prefetcher = Prefetcher(
             self.flights,
             objects=ahead_objects,
-            max_bytes=min(cache_bytes // 4, ahead_objects * min(small_object, 8 << 20)),
+            max_objects=ahead_max,
+            max_bytes=min(cache_bytes // 4, ahead_max * min(small_object, 8 << 20)),
             small_object=small_object,
-            pool=self.workers.pool(READ_POOL, READ_WORKERS, drain=True),
+            pool=self.workers.pool(READ_POOL, max(READ_WORKERS, ahead_max), drain=True),
+            pace=self.pace,
         )
 
-    def follow(self, listing: Callable[[str], Mapping[str, KeyInfo] | None]) -> None:
+    def follow(
+        self,
+        listing: Callable[[str], Mapping[str, KeyInfo] | None],
+        folders: Callable[[str], Collection[str] | None] | None = None,
+    ) -> None:
         """Read ahead across objects: ``listing(folder)`` (``"a/b/"``, ``""`` for the root) is
-        the folder's files by name as the namespace knows them (cached: it is asked on reads)."""
+        the folder's files by name as the namespace knows them, ``folders(folder)`` its
+        subfolders' names (both cached: they are asked on reads; without ``folders`` the
+        read-ahead stops at the end of a folder)."""
         self.prefetcher.listing = listing
+        self.prefetcher.folders = folders
 
     def close(self) -> None:
         """Stop reading ahead. The fetches in flight land before the read pool stops: at
@@ -282,6 +304,8 @@ class ObjectReader:
             if offset == 0:  # a reader starts this object: it may be walking the folder
                 self.prefetcher.read_whole(key)
             data = self.whole(key, version)
+            if offset == 0:
+                self.pace.served()
             if data is None:
                 raise KeyNotFound(f"/{key} vanished from the store")
             return data[offset : offset + size], window

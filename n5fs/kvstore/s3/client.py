@@ -49,6 +49,9 @@ __all__ = ["TRANSFER_THREADS", "checksum_args", "client_for", "transfer_config"]
 
 #: threads of one managed transfer (a multipart copy)
 TRANSFER_THREADS = 8
+#: requests the store's user may have in flight from threads of its own (a gateway's
+#: read-ahead: dozens of GETs at once to hide a distant endpoint's latency)
+CALLER_THREADS = 72
 
 
 def custom_endpoint(spec: S3Spec) -> bool:
@@ -62,15 +65,16 @@ def client_for(spec: S3Spec, max_workers: int) -> Any:
     """A thread-safe boto3 client: the spec's endpoint, region, profile, credentials,
     timeouts and retries (module docstring).
 
-    Its connection pool has room for the store's workers plus one managed transfer (a
-    multipart copy), so neither waits on a socket held by the other.
+    Its connection pool has room for the store's workers, one managed transfer (a multipart
+    copy) and the requests of its user's own threads, so none waits on a socket held by
+    another, and no connection is opened for one request and dropped after it.
     """
     config = Config(
         # one attempt: the retries are n5fs's own (:mod:`~n5fs.kvstore.s3.retries`)
         retries={"total_max_attempts": 1, "mode": "standard"},
         connect_timeout=spec.connect_timeout,
         read_timeout=spec.read_timeout,
-        max_pool_connections=max_workers + TRANSFER_THREADS,
+        max_pool_connections=max_workers + TRANSFER_THREADS + CALLER_THREADS,
         s3={"addressing_style": "path"} if custom_endpoint(spec) else {},
         signature_version=UNSIGNED if spec.anonymous else None,
     )
