@@ -26,7 +26,6 @@ outside every cache lock and are shared between threads. ``docs/semantics.md`` (
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -361,12 +360,7 @@ class Gateway:
 
     def write_file(self, path: str, data: bytes) -> None:
         """create + write + close, as ``cp`` does; raises Rejected if the commit is refused."""
-        fh = self.create(path, os.O_WRONLY | os.O_TRUNC)
-        try:
-            self.write(fh, data, 0)
-            self.flush(fh)
-        finally:
-            self.release(fh)
+        self.calls.write_file(path, data)
 
     def read_file(self, path: str) -> bytes:
         """open + read + release, as ``cat`` does."""

@@ -189,6 +189,11 @@ class FileCalls:
                 self.committer.commit_bytes(key, data, self.committer.base_of(key))
                 self.failed_creates.forget(key)
                 return
+        self.write_file(path, data)
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """create + write + close, as ``cp`` does (staged like any write); raises
+        :class:`~n5fs.errors.Rejected` if the commit is refused."""
         fh = self.create(path, os.O_WRONLY | os.O_TRUNC)
         try:
             self.write(fh, data, 0)
