@@ -2,8 +2,10 @@
 handle numbers the kernel holds.
 
 State and locks:
-- ``OpenFiles._lock`` guards the two tables (key -> node, fh -> handle) and every node's
-  ``refs`` and ``key``; it is a leaf lock, held for table work only.
+- ``OpenFiles._lock`` guards the three tables (key -> node, view name -> view-file node,
+  fh -> handle) and every node's ``refs`` and ``key``; it is a leaf lock, held for table work
+  only. A view file's node lock ranks before every native node lock: its commit (the view's
+  translation) stores native files, taking their node locks inside it.
 - ``Node.lock`` guards the node's staged buffer, its ``base`` version and flags (``dirty``, ``stored``,
   ``written``, ``unlinked``, ``failed``) and the stamps its local readers opened (``reading``).
   Everything that changes a node's content (write, truncate, commit, rename of the key)
