@@ -79,6 +79,11 @@ class StoreUnavailable(N5fsError, ConnectionError):
     errno_code = errno.EIO
 
 
+class UploadsPending(StoreUnavailable):
+    """Writes a write-back mount accepted could not be uploaded yet: they stay journaled on
+    local disk and are tried again (an ``fsync`` or unmount that waited for them fails)."""
+
+
 class StoreCorrupt(N5fsError, OSError):
     """The backend answered, but with bytes that break its own container (a broken zip)."""
 

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Callable
 
+    from n5fs.kvstore.base import KvStore
+
 __all__ = ["add_mount_commands", "make_plan", "serve_plan"]
 
 log = logging.getLogger("n5fs.cli.mount")
@@ -92,7 +94,8 @@ def serve_plan(
         conditional=plan.options.conditional,
         mtime=plan.options.mtime,
     )
-    gateway = Gateway(source.store, config)
+    store = behind_journal(source.store, plan, read_only=read_only)
+    gateway = Gateway(store, config)
     front = gateway if view == NATIVE else open_view(gateway, view)
     fuse = fuse_options(
         plan.options,
@@ -145,6 +148,26 @@ def serve_plan(
         if link is not None:
             link.close()
         remove_state(path, os.getpid())
+
+
+def behind_journal(store: KvStore, plan: MountPlan, *, read_only: bool) -> KvStore:
+    """``store`` with write-back where ``-o writeback=`` wants it: ``on``, or ``auto`` on a
+    read-write mount of a store whose writes are round trips (S3). Why that default: there a
+    synchronous commit makes every ``close()`` wait for the network, one file at a time, while
+    a journaled one keeps every promise a synchronous one makes (validated before it is
+    acknowledged, durable on local disk, uploaded in commit order, replayed after a crash);
+    on a local store the journal would only add a copy."""
+    mode = plan.options.writeback
+    if read_only or mode == "off" or (mode == "auto" and not store.traits.remote_writes):
+        return store
+    from n5fs.formats.registry import METADATA_NAMES
+    from n5fs.kvstore.keys import basename
+    from n5fs.kvstore.writeback import open_write_back
+
+    def is_document(key: str) -> bool:
+        return basename(key) in METADATA_NAMES
+
+    return open_write_back(store, write_through=is_document, limit=plan.writeback_bytes)
 
 
 # == commands =====================================================================================

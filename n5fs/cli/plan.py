@@ -30,8 +30,9 @@ DEFAULT_CACHE = 256 << 20
 DEFAULT_TTL = 5.0
 DEFAULT_STAGING = 256 << 20
 DEFAULT_MAX_FILE_SIZE = 1 << 40
+DEFAULT_WRITEBACK = 1 << 30
 #: n5fs's ``-o`` sizes that fuse_front.options leaves among libfuse's: taken out here
-_OWN_SIZE_OPTIONS = ("staging_size", "max_file_size")
+_OWN_SIZE_OPTIONS = ("staging_size", "max_file_size", "writeback_size")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class MountPlan:
     max_file_size: int = DEFAULT_MAX_FILE_SIZE
     #: what other mounts' commits this one sees when (``ttl`` or ``strict``)
     consistency: str = "ttl"
+    #: the most a write-back journal holds before writers wait (``-o writeback_size=``)
+    writeback_bytes: int = DEFAULT_WRITEBACK
 
     @property
     def read_only(self) -> bool:
@@ -89,6 +92,7 @@ def make_plan(args: argparse.Namespace) -> MountPlan:
         staging_bytes=_pick(args.staging_size, sizes.get("staging_size"), DEFAULT_STAGING),
         max_file_size=_pick(args.max_file_size, sizes.get("max_file_size"), DEFAULT_MAX_FILE_SIZE),
         consistency=getattr(args, "consistency", None) or opts.consistency or "ttl",
+        writeback_bytes=sizes.get("writeback_size", DEFAULT_WRITEBACK),
     )
 
 

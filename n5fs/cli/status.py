@@ -190,6 +190,17 @@ def counters_line(counters: Mapping[str, Any]) -> str:
         if "s3_rate_limit" in counters
         else []
     )
+    uploads = (
+        [
+            (
+                f"{n('writeback_pending_files')} uploads pending "
+                f"({human_bytes(n('writeback_pending_bytes'))}, oldest "
+                f"{n('writeback_oldest_seconds')} s, {n('writeback_failing')} failing)"
+            )
+        ]
+        if "writeback_pending_files" in counters
+        else []
+    )
     return ", ".join(
         [
             f"{n('commits')} commits",
@@ -201,6 +212,7 @@ def counters_line(counters: Mapping[str, Any]) -> str:
             f"{human_bytes(n('cache_bytes'))} cached",
             f"{n('open_handles')} open files",
             f"{human_bytes(n('staging_bytes'))} staged",
+            *uploads,
             *network,
         ]
     )

@@ -29,6 +29,7 @@ import threading
 import uuid
 from typing import TYPE_CHECKING
 
+from n5fs.errors import UploadsPending
 from n5fs.fuse_front import _lib
 from n5fs.fuse_front.attrs import StatMaker
 from n5fs.fuse_front.invalidate import Invalidator
@@ -116,7 +117,11 @@ class _Session:
             self._finished = True
         if first and self.answered:
             self.unsaved = self.flush_store()
-            if self.unsaved is not None:
+            if isinstance(self.unsaved, UploadsPending):
+                log.error(
+                    "%s is unmounted with writes not uploaded: %s", self.mountpoint, self.unsaved
+                )
+            elif self.unsaved is not None:
                 log.error(
                     "%s is unmounted, but what was staged could not be written and is lost: %s",
                     self.mountpoint,
@@ -149,13 +154,23 @@ class _Session:
         if failure is None:
             self._exit_loop()
             return
-        log.error(
-            "SIGTERM: %s stays mounted: what is staged could not be written: %s; make room (or "
-            "fix the cause) and send SIGTERM again, or run 'n5fs unmount --discard %s' to drop it",
-            self.mountpoint,
-            failure,
-            self.mountpoint,
-        )
+        if isinstance(failure, UploadsPending):
+            log.error(
+                "SIGTERM: %s stays mounted: %s; fix the cause and send SIGTERM again, or run "
+                "'n5fs unmount --discard %s' to stop now (they stay journaled for the next mount)",
+                self.mountpoint,
+                failure,
+                self.mountpoint,
+            )
+        else:
+            log.error(
+                "SIGTERM: %s stays mounted: what is staged could not be written: %s; make room "
+                "(or fix the cause) and send SIGTERM again, or run 'n5fs unmount --discard %s' "
+                "to drop it",
+                self.mountpoint,
+                failure,
+                self.mountpoint,
+            )
         if self.on_stop_refused is not None:
             try:
                 self.on_stop_refused(f"still mounted, not stopping: {failure}")

@@ -38,6 +38,12 @@ each file's metadata (one HEAD per stat: times rclone or s3fs-fuse kept too). Th
 ``kept`` on a read-write mount (``rsync -a`` into it must see the times it set) and
 ``listing`` on a read-only one.
 
+``writeback=auto|on|off`` and ``writeback_size=SIZE`` (n5fs's own): whether a commit is
+acknowledged once it is validated and journaled on local disk, its upload running behind
+(docs/semantics.md, "Write-back"). ``auto`` (the default) is on where a write costs a network
+round trip (S3) on a read-write mount, off elsewhere; the journal holds at most
+``writeback_size`` (1 GiB) before writers wait.
+
 ``as=zarr3|zarr2|npy|n5`` (n5fs's own, ``--as``) mounts a view of the store in that format
 (docs/semantics.md, "Views": writes through a Zarr view of N5 data or an N5 view of Zarr data
 land in the store's own format; npy is read-only); ``as=native`` is the default.
@@ -70,6 +76,7 @@ VALIDATE_MODES = ("strict", "warn", "off")
 DURABLE_MODES = ("fsync", "commit")
 CONSISTENCY_MODES = ("ttl", "strict")
 CONDITIONAL_MODES = ("auto", "off")
+WRITEBACK_MODES = ("auto", "on", "off")
 MTIME_SOURCES = ("kept", "listing")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -145,6 +152,9 @@ class MountOptions:
     #: (listing) or asked per stat (head); None: kept on read-write mounts, listing on
     #: read-only ones
     mtime: str | None = None
+    #: ``-o writeback=``: acknowledge commits from a local journal and upload behind (on),
+    #: commit synchronously (off), or on where a write is a round trip (auto: S3)
+    writeback: str = WRITEBACK_MODES[0]
     #: ``-o as=``: the format the mount shows (``native``: the store's own)
     view: str = "native"
     fuse: dict[str, FuseValue] = field(default_factory=dict)
@@ -188,6 +198,8 @@ def _apply(opts: MountOptions, name: str, value: str | None) -> None:
         opts.mtime = parse_choice(name, value, MTIME_SOURCES)
     elif name == "conditional" and value is not None:
         opts.conditional = parse_choice(name, value, CONDITIONAL_MODES)
+    elif name == "writeback" and value is not None:
+        opts.writeback = parse_choice(name, value, WRITEBACK_MODES)
     elif name == "as" and value is not None:
         from n5fs.views import parse_view  # light: the views load when one is mounted
 

@@ -15,13 +15,14 @@ kinds of extras, kept apart on purpose:
   files of a local folder), :class:`ConditionalWrites` (compare-and-swap by version),
   :class:`SettableDurability` (when a write is on disk can be chosen), :class:`PartWrites`
   (a value written from its pieces, never joined), :class:`ListedTimes` (listings that can
-show kept mtimes, at a price the caller chooses to pay). Each is a runtime-checkable
+  show kept mtimes, at a price the caller chooses to pay), :class:`WriteBack` (writes
+  acknowledged from a local journal, durable in the store when asked). Each is a runtime-checkable
   :class:`typing.Protocol`, and a driver has one exactly when it has the methods: nothing
   on :class:`~n5fs.kvstore.base.KvStore` stands in for them.
 
 Ask for an ability through its function here (:func:`local_files`,
 :func:`conditional_writes`, :func:`settable_durability`, :func:`part_writes`,
-:func:`listed_times`), which answers
+:func:`listed_times`, :func:`write_back`), which answers
 the store as that protocol, or None; never by ``isinstance`` on a store of unknown kind.
 Why: a wrapper (:class:`~n5fs.kvstore.wrappers.ForwardingStore`, the test doubles) carries
 the methods of every ability it passes on, whatever it wraps, so ``isinstance`` would claim
@@ -57,12 +58,14 @@ __all__ = [
     "PartWrites",
     "SettableDurability",
     "StoreTraits",
+    "WriteBack",
     "conditional_writes",
     "has_ability",
     "listed_times",
     "local_files",
     "part_writes",
     "settable_durability",
+    "write_back",
 ]
 
 
@@ -93,6 +96,9 @@ class StoreTraits:
     #: answers every folder of an array's chunk tree from one walk. A directory on disk lists
     #: a folder with one ``scandir``, cheaper than walking the tree.
     flat_listing_preferred: bool = False
+    #: a write costs a network round trip or more (S3): worth acknowledging from a local
+    #: journal and uploading behind (:mod:`n5fs.kvstore.writeback`)
+    remote_writes: bool = False
     #: other writers may share this store (S3, and the memory store that stands for it in
     #: tests): a mount that finds no :class:`ConditionalWrites` in force warns. A local
     #: directory or a zip answers no quietly.
@@ -185,6 +191,21 @@ class ListedTimes(Protocol):
         ...
 
 
+@runtime_checkable
+class WriteBack(Protocol):
+    """A store that acknowledges writes from a local journal and uploads them behind
+    (:mod:`n5fs.kvstore.writeback`): durability is asked for, key by key or all at once."""
+
+    def flush_key(self, key: str) -> None:
+        """Return once the accepted write of ``key`` is in the store (a file's ``fsync``);
+        raises :class:`~n5fs.errors.UploadsPending` when it could not land."""
+        ...
+
+    def writeback_report(self) -> dict[str, int]:
+        """Pending files and bytes, the oldest one's age, failures (``stats.json``)."""
+        ...
+
+
 # == asking =========================================================================================
 
 
@@ -221,3 +242,8 @@ def part_writes(store: KvStore) -> PartWrites | None:
 def listed_times(store: KvStore) -> ListedTimes | None:
     """``store`` as :class:`ListedTimes`, None where its listings cannot be asked for them."""
     return store if isinstance(store, ListedTimes) and store.has_ability(ListedTimes) else None
+
+
+def write_back(store: KvStore) -> WriteBack | None:
+    """``store`` as :class:`WriteBack`, None where writes are acknowledged by the store."""
+    return store if isinstance(store, WriteBack) and store.has_ability(WriteBack) else None

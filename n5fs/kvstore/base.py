@@ -321,6 +321,12 @@ class KvStore(abc.ABC):
     def _key(key: str) -> str:
         return check_key(key)
 
+    def check_writable(self, key: str) -> None:
+        """Raise what a write of ``key`` would be refused with before any I/O (a read-only
+        store, a name the store keeps for itself): a caller that accepts a write now and
+        stores it later asks first."""
+        self._check_writable(self._key(key))
+
     def _check_writable(self, key: str) -> None:
         if not self.traits.writable:
             raise ReadOnly(f"read-only store: cannot change {key!r}")

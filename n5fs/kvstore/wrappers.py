@@ -169,6 +169,9 @@ class ForwardingStore(KvStore):
     def set_mtime(self, key: str, mtime: float) -> None:
         self.inner.set_mtime(key, mtime)
 
+    def check_writable(self, key: str) -> None:
+        self.inner.check_writable(key)
+
     def set_with_mtime(self, key: str, value: bytes, mtime: float) -> bool:
         return self.inner.set_with_mtime(key, value, mtime)
 
@@ -246,6 +249,9 @@ class ReadOnlyStore(ForwardingStore):
 
     def set_mtime(self, key: str, mtime: float) -> None:
         raise ReadOnly(f"read-only store: cannot change the time of {check_key(key)!r}")
+
+    def check_writable(self, key: str) -> None:
+        raise ReadOnly(f"read-only store: cannot change {check_key(key)!r}")
 
     def set_with_mtime(self, key: str, value: bytes, mtime: float) -> bool:
         raise ReadOnly(f"read-only store: cannot write {check_key(key)!r}")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from n5fs.errors import KeyNotFound, N5fsError
 from n5fs.gateway.namespace.paths import CONTROL
+from n5fs.kvstore.abilities import write_back
 from n5fs.locking import LEAF, ranked_lock
 
 if TYPE_CHECKING:
@@ -121,4 +122,10 @@ class ControlEntries:
             "open_handles": self.files.handle_count(),
             "leftovers_removed": self.leftovers_removed,
             **self.store.fault_counters(),
+            **self._uploads(),
         }
+
+    def _uploads(self) -> dict[str, int]:
+        """Writes accepted and not uploaded yet, where the store writes behind."""
+        uploads = write_back(self.store)
+        return {} if uploads is None else uploads.writeback_report()

@@ -42,6 +42,7 @@ from n5fs.gateway.read.byte_cache import stamp_of, version_of
 from n5fs.gateway.read.reader import PageCache
 from n5fs.gateway.read.unopened import UnopenedReads
 from n5fs.gateway.write.handles import FailedCreates, Handle, Node
+from n5fs.kvstore.abilities import write_back
 from n5fs.kvstore.keys import basename, parent
 from n5fs.kvstore.tempnames import is_partial
 from n5fs.locking import assert_held
@@ -528,8 +529,16 @@ class FileCalls:
         )
 
     def fsync(self, fh: int) -> None:
+        """Commit what is staged, then make it durable in the store: on a write-back store
+        the file's own upload (a view's file, whose keys the view chose: every upload), else
+        the store's flush (a zip archive's rewrite, a file store's fsyncs)."""
         self.flush(fh)
-        self._store.flush()
+        node = self.files.handle(fh).node
+        uploads = write_back(self._store)
+        if uploads is not None and node is not None and node.translator is None:
+            uploads.flush_key(node.key)
+        else:
+            self._store.flush()
 
     def release(self, fh: int) -> None:
         """The kernel's last reference to a handle went (after the flush of its last close).

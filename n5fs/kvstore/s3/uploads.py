@@ -34,17 +34,18 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from n5fs.errors import StoreUnavailable
 from n5fs.kvstore import tempnames
 from n5fs.kvstore.s3.integrity import Digest, expected_etag, stored_exactly
+from n5fs.kvstore.state import state_home
 from n5fs.kvstore.tempnames import Leftover, Liveness, Writer
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping, Sequence
     from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +65,8 @@ _warned = False
 
 
 def journal_dir() -> Path:
-    """``$N5FS_STATE_DIR/uploads``, else ``$XDG_STATE_HOME/n5fs/uploads``, else
-    ``/var/lib/n5fs/uploads`` for root and ``~/.local/state/n5fs/uploads`` for others."""
-    explicit = os.environ.get("N5FS_STATE_DIR")
-    if explicit:
-        return Path(explicit) / "uploads"
-    xdg = os.environ.get("XDG_STATE_HOME")
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / "n5fs" / "uploads"
-    if os.geteuid() == 0:
-        return Path("/var/lib/n5fs/uploads")
-    return Path.home() / ".local" / "state" / "n5fs" / "uploads"
+    """``uploads`` in n5fs's persistent state (:func:`~n5fs.kvstore.state.state_home`)."""
+    return state_home() / "uploads"
 
 
 @dataclass(frozen=True, slots=True)
