@@ -1,4 +1,4 @@
-"""``n5fs mount``, ``n5fs unmount`` and ``n5fs status``.
+"""``n5fs mount``, ``n5fs unmount``, ``n5fs sync`` and ``n5fs status``.
 
 ``mount`` opens the source and looks at it in the calling process, so a bad URL, missing
 credentials or a missing directory reach the terminal (exit 2 with the reason). Then, like
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from n5fs.cli.commands import source_from_args
 from n5fs.cli.config import apply_config, load_config
 from n5fs.cli.daemon import daemonize, read_state, remove_state, state_path, wait_exit, write_state
-from n5fs.cli.mount_args import mount_parser, status_parser, unmount_parser
+from n5fs.cli.mount_args import mount_parser, status_parser, sync_parser, unmount_parser
 from n5fs.cli.plan import MountPlan, make_plan
 from n5fs.cli.sdnotify import Notifier, ServiceLink, status_line
 from n5fs.cli.status import run_status
@@ -237,12 +237,9 @@ def run_unmount(args: argparse.Namespace) -> int:
     path = state_path(mountpoint)
     state = read_state(path)
     if not (stale or args.discard):
-        log_file = state.get("log_file") if state is not None else None
-        refusal = _flush_staged(
-            mountpoint, log_file if isinstance(log_file, str) else None, args.timeout
-        )
-        if refusal is not None:
-            print(f"n5fs unmount: {refusal}", file=sys.stderr)
+        failure = _flush_staged(mountpoint, _log_file(state), args.timeout)
+        if failure is not None:
+            print(f"n5fs unmount: {mountpoint} is still mounted: {failure}", file=sys.stderr)
             return 1
     unmount(mountpoint, lazy=args.lazy or stale)
     pid = state.get("pid") if state is not None else None
@@ -256,11 +253,31 @@ def run_unmount(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_sync(args: argparse.Namespace) -> int:
+    """``n5fs sync``: what the mount accepted is in the store when this returns 0 (``sync``
+    and ``syncfs`` do not reach a FUSE daemon)."""
+    mountpoint = os.path.abspath(args.mountpoint)
+    entry = mount_entry(mountpoint)
+    if entry is None or not entry.fstype.startswith("fuse"):
+        raise MountFailed(f"{mountpoint} is not an n5fs mount")
+    failure = _flush_staged(mountpoint, _log_file(read_state(state_path(mountpoint))), args.timeout)
+    if failure is not None:
+        print(f"n5fs sync: {mountpoint}: {failure}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _log_file(state: dict[str, object] | None) -> str | None:
+    log_file = state.get("log_file") if state is not None else None
+    return log_file if isinstance(log_file, str) else None
+
+
 def _flush_staged(mountpoint: str, log_file: str | None, timeout: float) -> str | None:
-    """Have the daemon write what its store holds staged (a zip archive's rewrite) while the
-    mount is still up: an fsync of ``/.n5fs/stats.json`` flushes the store. Returns why the
-    mount must stay, or None: done, or nobody to ask (no control file: not an n5fs mount, or
-    its daemon just died; or not ours to open: the daemon then writes it as it exits)."""
+    """Have the daemon write what its store holds staged (a zip archive's rewrite, uploads
+    behind a write-back journal) while the mount is still up: an fsync of
+    ``/.n5fs/stats.json`` flushes the store. Returns why it could not, or None: done, or
+    nobody to ask (no control file: not an n5fs mount, or its daemon just died; or not ours
+    to open: the daemon then writes it as it exits)."""
     import errno
     import threading
 
@@ -288,9 +305,10 @@ def _flush_staged(mountpoint: str, log_file: str | None, timeout: float) -> str 
     thread.join(timeout)
     if thread.is_alive():
         return (
-            f"{mountpoint} is still mounted: its daemon is still writing what is staged after "
-            f"{timeout:g} s; run n5fs unmount again once it is done (or with a longer "
-            f"--timeout), or n5fs unmount --discard {mountpoint} to drop the changes"
+            f"its daemon is still writing what is staged after {timeout:g} s; ask again once "
+            f"it is done (or with a longer --timeout), or run n5fs unmount --discard "
+            f"{mountpoint} to unmount anyway (a zip archive's rewrite is then lost; journaled "
+            "uploads stay for the next mount)"
         )
     if unasked and unasked[0].errno in (errno.EACCES, errno.EPERM):
         log.warning(
@@ -302,8 +320,9 @@ def _flush_staged(mountpoint: str, log_file: str | None, timeout: float) -> str 
     reason = _daemon_reason(log_file, offset) or os.strerror(code)
     fix = "free space" if code == errno.ENOSPC else "fix the cause"
     return (
-        f"{mountpoint} is still mounted: {reason}; the changes stay staged — {fix} and run "
-        f"n5fs unmount again, or n5fs unmount --discard {mountpoint} to drop them"
+        f"{reason}; the changes stay staged — {fix} and ask again, or run n5fs unmount "
+        f"--discard {mountpoint} to unmount anyway (a zip archive's rewrite is then lost; "
+        "journaled uploads stay for the next mount)"
     )
 
 
@@ -329,4 +348,5 @@ def add_mount_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     """``mount``, ``unmount`` and ``status`` (their flags: :mod:`~n5fs.cli.mount_args`)."""
     mount_parser(sub).set_defaults(run=run_mount)
     unmount_parser(sub).set_defaults(run=run_unmount)
+    sync_parser(sub).set_defaults(run=run_sync)
     status_parser(sub).set_defaults(run=run_status)

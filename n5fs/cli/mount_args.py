@@ -94,7 +94,10 @@ def mount_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "conditional writes, probed at mount; off: last writer wins), mtime=kept|listing|head "
         "(on S3: the time cp -a/rsync -a kept through n5fs, one GET per folder that has one; "
         "LastModified from the listing; or each file's kept time, one HEAD per stat; default "
-        "kept read-write, listing read-only), "
+        "kept read-write, listing read-only), writeback=auto|on|off (close() returns once "
+        "the validated file is journaled on local disk and uploads run behind; auto: on for "
+        "read-write S3 mounts; fsync and n5fs sync wait for the uploads), "
+        "writeback_size=SIZE (journal room, default 1G), "
         "cache_size=SIZE, "
         "cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE, s3_connect_timeout=SECONDS, "
         "s3_read_timeout=SECONDS, s3_retries=N; others go to libfuse",
@@ -207,7 +210,7 @@ def unmount_parser(sub: Subparsers) -> argparse.ArgumentParser:
         help="unmount an n5fs mount (also clears a stale one)",
         description="Unmount MOUNTPOINT and wait until its daemon has committed what was "
         "staged and closed the store. First the daemon writes what its store holds staged "
-        "(a zip archive's rewrite) while still mounted; if it cannot (no space, store "
+        "(a zip archive's rewrite, the uploads of a write-back mount) while still mounted; if it cannot (no space, store "
         "unreachable), the mount stays, the reason is printed and the exit status is 1. A "
         "stale mount (daemon gone) is detached lazily.",
     )
@@ -231,6 +234,28 @@ def unmount_parser(sub: Subparsers) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to wait for the daemon to write what is staged, and then to exit "
         "(default 60 each)",
+    )
+    return p
+
+
+def sync_parser(sub: Subparsers) -> argparse.ArgumentParser:
+    """``n5fs sync``: its arguments and help text."""
+    p = sub.add_parser(
+        "sync",
+        help="wait until what a mount accepted is in its store",
+        description="Wait until every write MOUNTPOINT accepted is in its store: on S3 the "
+        "uploads a write-back mount runs behind close() (-o writeback), for a zip archive its "
+        "rewrite. sync(1) and syncfs(2) do not reach a FUSE daemon; this does (an fsync of "
+        "MOUNTPOINT/.n5fs/stats.json). Exit status 1 with the reason when something could "
+        "not be written; it stays journaled and is tried again.",
+    )
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait (default 600)",
     )
     return p
 
