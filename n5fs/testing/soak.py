@@ -103,6 +103,8 @@ class SoakReport:
     calls: int = 0
     slow_calls: int = 0
     longest_call: float = 0.0
+    #: which kind of call took longest
+    longest_what: str = ""
     daemon_alive: bool = False
     peak_rss_mib: float = 0.0
     requests: Counter[str] = field(default_factory=Counter)
@@ -133,7 +135,7 @@ class SoakReport:
             ("wrong reads", str(len(self.wrong_reads))),
             (
                 "calls",
-                f"{self.calls} ({self.slow_calls} over {SLOW_CALL:.0f} s, longest {self.longest_call:.1f} s)",
+                f"{self.calls} ({self.slow_calls} over {SLOW_CALL:.0f} s, longest {self.longest_call:.1f} s: {self.longest_what or '-'})",
             ),
             ("failed calls", ", ".join(f"{k} {v}" for k, v in sorted(self.errors.items())) or "0"),
             (
@@ -229,7 +231,8 @@ class Soak:
         took = time.monotonic() - start
         with self._lock:
             self.report.calls += 1
-            self.report.longest_call = max(self.report.longest_call, took)
+            if took > self.report.longest_call:
+                self.report.longest_call, self.report.longest_what = took, what
             if took > SLOW_CALL and what != "cp -r":
                 self.report.slow_calls += 1
         return ok

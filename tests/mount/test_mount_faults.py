@@ -189,11 +189,15 @@ def test_rsync_a_again_through_a_fresh_s3_mount_copies_nothing_and_sends_no_head
 
 
 @pytest.mark.s3
+@pytest.mark.parametrize("writeback", ["off", "on"])
 def test_killed_daemon_leaves_no_multipart_upload(
-    mounter, tmp_path: Path, s3_server, s3_bucket
+    mounter, tmp_path: Path, s3_server, s3_bucket, writeback: str
 ) -> None:
+    """A daemon killed mid multipart upload: the next mount aborts the upload. Without
+    write-back the file was never acknowledged (its close() was the upload) and is absent;
+    with it, close() had returned, so the next mount uploads it from the journal."""
     source = s3_source(s3_server, s3_bucket)
-    mp = mounter.daemon(source)
+    mp = mounter.daemon(source, "-o", f"writeback={writeback}")
     pid = mounter.pid(mp)
     journal = tmp_path / "state" / "uploads"
     writer = subprocess.Popen(
@@ -216,12 +220,24 @@ def test_killed_daemon_leaves_no_multipart_upload(
     client = s3_server.client()
     uploads = client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
     assert [u["Key"] for u in uploads] == ["data/big"], "the kill left no upload behind"
-    mp2 = mounter.daemon(source, name="mnt2")
+    dead = {u["UploadId"] for u in uploads}
+    mp2 = mounter.daemon(source, "-o", f"writeback={writeback}", name="mnt2")
     wait_until(
-        lambda: not client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads"),
+        lambda: all(
+            u["Key"] != "data/big" or u["UploadId"] not in dead
+            for u in client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+        ),
         "the new mount aborts the dead daemon's upload",
     )
-    assert "big" not in os.listdir(mp2)
+    if writeback == "off":
+        assert "big" not in os.listdir(mp2)
+        return
+    assert writer.returncode == 0  # its close() was accepted
+    synced = mounter.cli("sync", str(mp2))
+    assert synced.returncode == 0, synced.stderr
+    body = client.get_object(Bucket=s3_bucket, Key="data/big")["Body"].read()
+    assert body == bytes(range(256)) * 4096 * 256
+    assert not any((tmp_path / "state" / "writeback").glob("*/*.put"))
 
 
 class SilencingProxy:

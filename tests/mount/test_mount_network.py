@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import random
 import subprocess
 from collections.abc import Iterator
@@ -102,7 +103,7 @@ def test_zarr_python_writes_and_tensorstore_reads_through_faults(
 
 
 def test_bodies_cut_short_and_answered_200_are_never_acknowledged(
-    mounted: Path, proxy: FaultProxy, tmp_path: Path, stored: Any
+    mounter: Any, mounted: Path, proxy: FaultProxy, tmp_path: Path, stored: Any
 ) -> None:
     src = tmp_path / "src"
     src.mkdir()
@@ -114,13 +115,17 @@ def test_bodies_cut_short_and_answered_200_are_never_acknowledged(
     proxy.inject(Fault("truncate", method="PUT", probability=0.1))
     done = subprocess.run(["cp", "-r", str(src), str(mounted / "copy")], check=False)
     assert done.returncode == 0
+    synced = mounter.cli("sync", str(mounted))  # the uploads behind close() landed
+    assert synced.returncode == 0, synced.stderr
     assert proxy.injected["truncate"] > 0
     assert {name: stored(f"copy/{name}") for name in made} == made
 
 
-def test_one_key_whose_every_put_fails_fails_alone(
-    mounted: Path, proxy: FaultProxy, stored: Any
+def test_one_key_whose_every_put_fails_fails_alone_at_close(
+    mounter: Any, proxy: FaultProxy, s3_bucket: str, stored: Any
 ) -> None:
+    """Synchronous commits: the failing key's close() fails, the others' do not."""
+    mounted = mounter.daemon(source(proxy.endpoint, s3_bucket), "-o", "writeback=off")
     proxy.inject(Fault("reset_before", method="PUT", key="cursed"))
     with pytest.raises(OSError) as failed:
         (mounted / "cursed.bin").write_bytes(b"never")
@@ -133,6 +138,41 @@ def test_one_key_whose_every_put_fails_fails_alone(
     stats = json.loads((mounted / ".n5fs" / "stats.json").read_text())
     assert stats["s3_retries"] == proxy.injected["reset_before"] - 1  # 10 attempts, 9 retries
     assert stats.get("s3_failed_fast", 0) == 0
+
+
+def test_one_key_whose_every_put_fails_fails_alone_at_fsync(
+    mounter: Any, mounted: Path, proxy: FaultProxy, stored: Any
+) -> None:
+    """Write-back: the failing key's close() is accepted (it is journaled); its fsync, and
+    n5fs sync, answer the failure; the other keys land, and the failing one is kept, shown
+    and retried, never dropped."""
+    proxy.inject(Fault("reset_before", method="PUT", key="cursed"))
+    (mounted / "cursed.bin").write_bytes(b"kept")
+    fd = os.open(mounted / "cursed.bin", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as failed:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert failed.value.errno == errno.EIO
+    for i in range(16):
+        path = mounted / f"fine{i}.bin"
+        path.write_bytes(b"%d" % i)
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)  # its own upload only: the cursed one does not hold it up
+        os.close(fd)
+    assert all(stored(f"fine{i}.bin") == b"%d" % i for i in range(16))
+    synced = mounter.cli("sync", "--timeout", "60", str(mounted))
+    assert synced.returncode == 1
+    assert "cursed.bin" in synced.stderr
+    assert (mounted / "cursed.bin").read_bytes() == b"kept"  # read from the journal
+    stats = json.loads((mounted / ".n5fs" / "stats.json").read_text())
+    assert stats["writeback_failing"] == 1
+    assert stats["writeback_pending_files"] == 1
+    proxy.clear()  # the network heals: the next attempt lands
+    synced = mounter.cli("sync", str(mounted))
+    assert synced.returncode == 0, synced.stderr
+    assert stored("cursed.bin") == b"kept"
 
 
 def test_a_minute_of_mixed_faults_loses_and_corrupts_nothing(

@@ -104,21 +104,32 @@ def test_a_replaced_write_not_yet_started_is_never_uploaded(tmp_path: Path) -> N
     store.close()
 
 
-def test_a_delete_waits_for_the_upload_in_flight_of_its_key(tmp_path: Path) -> None:
+def test_a_delete_lands_after_the_upload_in_flight_of_its_key(tmp_path: Path) -> None:
     inner = CountingStore(MemoryStore())
     gate = inner.gate("set", "k", when="before")
     store = make(inner, tmp_path)
     store.set("k", b"v1")
     gate.wait_reached()
-    thread, out = in_thread(store.delete, "k")
-    thread.join(0.2)
-    assert thread.is_alive()  # waiting for the upload, not racing it
-    assert inner.count("delete", "k") == 0
-    gate.release()
-    thread.join(10)
-    assert "error" not in out
-    assert inner.inner.get("k") is None
+    store.delete("k")  # journaled: it returns at once, and the key is gone for readers
     assert store.get("k") is None
+    assert store.stat("k") is None
+    assert [k.key for k in store.list("").keys] == []
+    assert inner.count("delete", "k") == 0  # not sent while the upload is in flight
+    gate.release()
+    store.flush()
+    assert [c.op for c in inner.calls_of(("set", "delete"), "k")] == ["set", "delete"]
+    assert inner.inner.get("k") is None
+    store.close()
+
+
+def test_a_document_delete_is_synchronous_after_its_folder(tmp_path: Path) -> None:
+    inner = CountingStore(MemoryStore())
+    inner.inner.set("a/.zarray", b"{}")
+    store = make(inner, tmp_path)
+    store.delete("a/0")
+    store.delete("a/.zarray")  # the chunk's delete lands first, then this one, at once
+    assert [c.key for c in inner.calls_of("delete")] == ["a/0", "a/.zarray"]
+    assert inner.inner.get("a/.zarray") is None
     store.close()
 
 
@@ -196,13 +207,49 @@ def test_refused_names_are_refused_before_they_are_journaled(tmp_path: Path) -> 
     store.close()
 
 
-def test_rename_waits_for_its_source_to_land(tmp_path: Path) -> None:
+def test_a_journaled_file_is_renamed_inside_the_journal(tmp_path: Path) -> None:
     inner = CountingStore(MemoryStore())
+    gate = inner.gate(("set", "delete", "rename", "copy"), when="before", times=None)
     store = make(inner, tmp_path)
-    store.set("src", b"bytes")
+    store.set("a/.tmp123", b"bytes")
+    store.rename("a/.tmp123", "a/0")  # a writer's temp file over its chunk: no round trip
+    assert store.get("a/0") == b"bytes"
+    assert store.get("a/.tmp123") is None
+    assert [k.key for k in store.list("a/").keys] == ["a/0"]
+    assert not gate.reached or all(c.op != "rename" for c in gate.reached)
+    gate.release()
+    store.flush()
+    assert inner.inner.get("a/0") == b"bytes"
+    assert inner.inner.get("a/.tmp123") is None
+    assert inner.count("rename") == 0
+    store.close()
+
+
+def test_a_stored_file_is_renamed_in_the_store(tmp_path: Path) -> None:
+    base = MemoryStore()
+    base.set("src", b"old")
+    inner = CountingStore(base)
+    store = make(inner, tmp_path)
     store.rename("src", "dst")
-    assert inner.inner.get("dst") == b"bytes"
-    assert store.get("src") is None
+    assert base.get("dst") == b"old"
+    assert base.get("src") is None
+    store.close()
+
+
+def test_a_folder_whose_keys_are_all_deleted_is_not_listed(tmp_path: Path) -> None:
+    base = MemoryStore()
+    base.set("a/d/0", b"1")
+    base.set("a/d/1", b"1")
+    base.set("a/keep/0", b"1")
+    inner = CountingStore(base)
+    gate = inner.gate("delete", when="before", times=None)
+    store = make(inner, tmp_path)
+    store.delete("a/d/0")
+    store.delete("a/d/1")
+    assert store.list("a/").prefixes == ("a/keep/",)
+    store.set("a/d/2", b"new")
+    assert store.list("a/").prefixes == ("a/d/", "a/keep/")
+    gate.release()
     store.close()
 
 

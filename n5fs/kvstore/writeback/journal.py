@@ -10,7 +10,8 @@ Layout (under :func:`~n5fs.kvstore.state.state_home`)::
     writeback/<digest>-<n>/        one folder per live mount of a source (digest: of its URL)
         lock                       flock-ed by the mount that owns the folder
         source                     the source's URL, for people and ``n5fs status``
-        0000000000000001.put       an accepted write: header, then the value's bytes
+        0000000000000001.put       an accepted write: header, then the value's bytes (a
+                                   delete of a key is an entry too, with no bytes)
         .0000000000000002.tmp      being written; not acknowledged yet (removed at replay)
 
 An entry is written to a hidden temp name, fsync-ed, renamed to ``<seq>.put`` and the folder
@@ -36,16 +37,17 @@ import hashlib
 import itertools
 import json
 import logging
+import mmap
 import os
 import time
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from n5fs.errors import StoreUnavailable
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
     from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 __all__ = ["Entry", "Journal", "journal_root"]
 
 MAGIC = b"n5fs-writeback 1\n"
+#: values this large are uploaded from a map of their entry, not read into memory
+MAP_FROM = 16 << 20
 SUFFIX = ".put"
 #: pieces a file is copied into the journal in
 _COPY = 1 << 20
@@ -79,6 +83,8 @@ class Entry:
     offset: int
     #: when the write was accepted (``time.time()``)
     accepted: float
+    #: a delete of the key, not a value (a *tombstone*: no bytes)
+    deleted: bool = False
 
 
 class Journal:
@@ -127,17 +133,23 @@ class Journal:
         value: bytes | memoryview | None = None,
         parts: Sequence[bytes | memoryview] | None = None,
         from_file: str | os.PathLike[str] | None = None,
+        from_entry: Entry | None = None,
         mtime: float | None = None,
+        deleted: bool = False,
     ) -> Entry:
-        """Write one accepted value durably (from ``value``, its ``parts`` or a local file)
-        and return its entry; raises OSError (ENOSPC, EIO) with nothing acknowledged."""
+        """Write one accepted value durably (from ``value``, its ``parts``, a local file or
+        another entry's bytes; none of them: a delete of ``key``) and return its entry;
+        raises OSError (ENOSPC, EIO; FileNotFoundError when ``from_entry`` is gone) with
+        nothing acknowledged."""
         seq = next(self._seq)
         final = self.folder / f"{seq:016d}{SUFFIX}"
         tmp = self.folder / f".{seq:016d}.tmp"
         accepted = time.time()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            size, crc, offset = _write_entry(fd, key, value, parts, from_file, mtime, accepted)
+            size, crc, offset = _write_entry(
+                fd, key, value, parts, from_file, from_entry, mtime, accepted, deleted=deleted
+            )
             os.fsync(fd)
         except BaseException:
             os.close(fd)
@@ -147,7 +159,7 @@ class Journal:
         os.close(fd)
         os.rename(tmp, final)
         _fsync_folder(self.folder)
-        return Entry(seq, key, size, mtime, crc, final, offset, accepted)
+        return Entry(seq, key, size, mtime, crc, final, offset, accepted, deleted)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -162,6 +174,22 @@ class Journal:
         with open(entry.path, "rb", buffering=0) as f:
             f.seek(entry.offset + start)
             return _read_exactly(f.fileno(), end - start, entry)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def value(entry: Entry) -> Iterator[bytes]:
+        """``entry``'s whole value for its upload: read into memory when small, mapped from
+        the file when large (its pages then come and go with the page cache)."""
+        if entry.size < MAP_FROM:
+            yield Journal.read(entry)
+            return
+        with open(entry.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)[entry.offset : entry.offset + entry.size]
+            try:
+                # a bytes-like view where bytes are declared: the stores take any buffer
+                yield cast("bytes", view)
+            finally:
+                view.release()
 
     @staticmethod
     def remove(entry: Entry) -> None:
@@ -196,18 +224,32 @@ def _write_entry(
     value: bytes | memoryview | None,
     parts: Sequence[bytes | memoryview] | None,
     from_file: str | os.PathLike[str] | None,
+    from_entry: Entry | None,
     mtime: float | None,
     accepted: float,
+    *,
+    deleted: bool,
 ) -> tuple[int, int, int]:
     """Write header and bytes; the header is written last (its size and CRC are known only
     then), at the front: room for it is reserved by writing the bytes after a fixed offset.
     Returns (size, crc32, offset of the bytes)."""
     # the header's length depends on the size and CRC digits: reserve the widest
-    reserve = len(_header(key, 2**63, 2**32 - 1, mtime, accepted)) + 1
+    reserve = len(_header(key, 2**63, 2**32 - 1, mtime, accepted, deleted=deleted)) + 1
     offset = len(MAGIC) + reserve
     os.lseek(fd, offset, os.SEEK_SET)
     crc, size = 0, 0
-    if from_file is not None:
+    if from_entry is not None:
+        with open(from_entry.path, "rb", buffering=0) as src:
+            src.seek(from_entry.offset)
+            left = from_entry.size
+            while left and (piece := src.read(min(_COPY, left))):
+                crc = zlib.crc32(piece, crc)
+                size += len(piece)
+                left -= len(piece)
+                _write_all(fd, piece)
+        if size != from_entry.size:
+            raise StoreUnavailable(f"write-back journal entry {from_entry.path} is short")
+    elif from_file is not None:
         with open(from_file, "rb", buffering=0) as src:
             while piece := src.read(_COPY):
                 crc = zlib.crc32(piece, crc)
@@ -218,13 +260,22 @@ def _write_entry(
             crc = zlib.crc32(piece, crc)
             size += len(piece)
             _write_all(fd, piece)
-    header = _header(key, size, crc, mtime, accepted)
+    header = _header(key, size, crc, mtime, accepted, deleted=deleted)
     os.pwrite(fd, MAGIC + header.ljust(reserve - 1) + b"\n", 0)  # JSON has no raw newline
     return size, crc, offset
 
 
-def _header(key: str, size: int, crc: int, mtime: float | None, accepted: float) -> bytes:
-    doc = {"key": key, "size": size, "crc32": crc, "mtime": mtime, "accepted": accepted}
+def _header(
+    key: str, size: int, crc: int, mtime: float | None, accepted: float, *, deleted: bool
+) -> bytes:
+    doc = {
+        "key": key,
+        "size": size,
+        "crc32": crc,
+        "mtime": mtime,
+        "accepted": accepted,
+        "deleted": deleted,
+    }
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -242,6 +293,7 @@ def _parse(path: Path) -> Entry:
         offset = line_end + 1
         key, size, crc = doc["key"], doc["size"], doc["crc32"]
         mtime, accepted = doc.get("mtime"), doc.get("accepted", 0.0)
+        deleted = doc.get("deleted", False) is True
         if not (isinstance(key, str) and isinstance(size, int) and isinstance(crc, int)):
             raise TypeError("its header is not an entry's")
         f.seek(offset)
@@ -253,7 +305,7 @@ def _parse(path: Path) -> Entry:
         raise ValueError(f"it holds {length} bytes, its header says {size}")
     if got != crc:
         raise ValueError("its bytes fail their CRC32")
-    return Entry(seq, key, size, mtime, crc, path, offset, float(accepted))
+    return Entry(seq, key, size, mtime, crc, path, offset, float(accepted), deleted)
 
 
 def _load(folder: Path, damaged: Path) -> list[Entry]:

@@ -7,7 +7,8 @@ held, no I/O is done under it, and waits on it release it):
 - ``_newest``: the newest accepted job per key. A read of a key in it is answered from the
   journal (read-your-writes); a later write of the key replaces the job, whose upload is then
   skipped (never sent after its successor: see ``_uploading``);
-- ``_ready``: a heap of (not before, sequence, job) in the order jobs may start; a job whose
+- ``_ready``: a heap of (not before, wanted, ticket, job) in the order jobs may start (a
+  job a waiter waits for goes before the others; otherwise first come, first served); a job whose
   key is being uploaded waits in ``_parked`` until that upload ends, so two values of one key
   are never in flight at once and the later one always lands last;
 - ``_uploading``: key -> the job being uploaded;
@@ -71,6 +72,8 @@ class Job:
     not_before: float = 0.0
     #: in the heap right now (a job is pushed at most once)
     queued: bool = field(default=False, repr=False)
+    #: a waiter waits for it: it goes before the others
+    wanted: bool = False
 
     @property
     def charge(self) -> int:
@@ -85,7 +88,8 @@ class Pending:
         self.room_wait = room_wait
         self._cond = ranked_condition("write-back jobs", LEAF)
         self._newest: dict[str, Job] = {}
-        self._ready: list[tuple[float, int, Job]] = []
+        #: (not before, 0 for a job a waiter wants, else 1, ticket, job)
+        self._ready: list[tuple[float, int, int, Job]] = []
         self._parked: dict[str, Job] = {}
         self._uploading: dict[str, Job] = {}
         self._charged = 0
@@ -198,7 +202,7 @@ class Pending:
 
     def _next_ready(self, now: float) -> Job | None:
         while self._ready and self._ready[0][0] <= now:
-            _, _, job = self._ready[0]
+            job = self._ready[0][3]
             if job.settled:
                 heapq.heappop(self._ready)
                 job.queued = False
@@ -259,8 +263,9 @@ class Pending:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             began = self._ended
+            # the newest job of each key is all there is to wait for: one it replaced is
+            # settled, and a successor never starts before the upload in flight ended
             jobs = [j for k, j in self._newest.items() if select(k)]
-            jobs += [j for k, j in self._uploading.items() if select(k) and j not in jobs]
             self._requeue_now(jobs)
             self._cond.notify_all()
             for job in jobs:
@@ -276,14 +281,16 @@ class Pending:
             return len(jobs)
 
     def _requeue_now(self, jobs: Iterable[Job]) -> None:
-        """Failing jobs waiting out their back-off are tried at once (caller holds _cond)."""
+        """Jobs a waiter waits for go first, failing ones without waiting out their back-off
+        (caller holds _cond)."""
         changed = False
         for job in jobs:
-            if job.queued and job.not_before > time.monotonic():
+            if job.queued and (job.not_before > 0 or not job.wanted):
                 job.not_before = 0.0
+                job.wanted = True
                 changed = True
         if changed:
-            self._ready = [(j.not_before, s, j) for _, s, j in self._ready]
+            self._ready = [(j.not_before, 0 if j.wanted else 1, t, j) for _, _, t, j in self._ready]
             heapq.heapify(self._ready)
 
     # -- reporting -----------------------------------------------------------------------------
@@ -327,7 +334,8 @@ class Pending:
     def _push(self, job: Job) -> None:
         if not job.queued:
             job.queued = True
-            heapq.heappush(self._ready, (job.not_before, next(self._ticket), job))
+            entry = (job.not_before, 0 if job.wanted else 1, next(self._ticket), job)
+            heapq.heappush(self._ready, entry)
 
     def _settle(self, job: Job) -> None:
         job.settled = True

@@ -39,6 +39,7 @@ one or the other.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import heapq
 import logging
@@ -168,6 +169,8 @@ class WriteBackStore(ForwardingStore):
     def _journal(self, key: str, **source: object) -> None:
         try:
             entry = self.journal.append(key, **source)  # type: ignore[arg-type]
+        except FileNotFoundError as exc:
+            raise KeyNotFound(f"/{key}: its source left the journal") from exc
         except OSError as exc:
             error = NoSpace if exc.errno == errno.ENOSPC else StoreUnavailable
             raise error(f"cannot journal /{key} in {self.journal.folder}: {exc}") from exc
@@ -175,17 +178,23 @@ class WriteBackStore(ForwardingStore):
         if gone is not None:
             Journal.remove(gone.entry)
 
-    def _send(self, entry: Entry, data: bytes) -> None:
-        if entry.mtime is None:
-            self.inner.set(entry.key, data)
-        else:
-            self.inner.set_with_mtime(entry.key, data, entry.mtime)
+    def _send(self, entry: Entry) -> None:
+        if entry.deleted:
+            with contextlib.suppress(KeyNotFound):
+                self.inner.delete(entry.key)
+            return
+        with Journal.value(entry) as data:
+            if entry.mtime is None:
+                self.inner.set(entry.key, data)
+            else:
+                self.inner.set_with_mtime(entry.key, data, entry.mtime)
 
     # -- deletes ---------------------------------------------------------------------------------
 
     def delete(self, key: str) -> None:
-        if self._write_through(key):
-            self._barrier(key)
+        if self._accepts(key, 0):
+            self._journal(key, deleted=True)
+            return
         dropped = self._drop(key)
         try:
             self.inner.delete(key)
@@ -195,8 +204,7 @@ class WriteBackStore(ForwardingStore):
 
     def delete_many(self, keys: Sequence[str]) -> None:
         for key in keys:
-            self._drop(key)
-        self.inner.delete_many(keys)
+            self.delete(key)
 
     def delete_prefix(self, prefix: str) -> int:
         dropped = sum(self._drop(e.key) for e in self.pending.entries_under(prefix))
@@ -219,6 +227,19 @@ class WriteBackStore(ForwardingStore):
         self.inner.copy(src, dst)
 
     def rename(self, src: str, dst: str) -> None:
+        """A journaled ``src`` moves inside the journal (a copy of its entry under ``dst``,
+        then a delete of ``src``): a writer's temp file renamed over its chunk costs no round
+        trip. Otherwise ``src`` is in the store and moves there, after ``dst``'s pending
+        write is settled."""
+        entry = self.pending.newest(src)
+        if entry is not None and not entry.deleted and self._accepts(dst, entry.size):
+            try:
+                self._journal(dst, from_entry=entry, mtime=entry.mtime)
+            except KeyNotFound:
+                pass  # uploaded meanwhile: it is in the store
+            else:
+                self.delete(src)
+                return
         self._settle(lambda k: k in (src, dst))
         self.inner.rename(src, dst)
 
@@ -257,6 +278,8 @@ class WriteBackStore(ForwardingStore):
             entry = self.pending.newest(key)
             if entry is None:
                 return self.inner.get(key, byte_range)
+            if entry.deleted:
+                return None
             start, stop = (0, entry.size) if byte_range is None else byte_range.resolve(entry.size)
             try:
                 return Journal.read(entry, start, stop)
@@ -268,9 +291,12 @@ class WriteBackStore(ForwardingStore):
 
     def stat(self, key: str) -> KeyInfo | None:
         entry = self.pending.newest(key)
-        return self.inner.stat(key) if entry is None else _info(entry)
+        if entry is None:
+            return self.inner.stat(key)
+        return None if entry.deleted else _info(entry)
 
     def nothing_at(self, key: str) -> bool:
+        # a pending delete: the store may hold more under the name; let the listing say
         return self.pending.newest(key) is None and self.inner.nothing_at(key)
 
     def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
@@ -280,13 +306,21 @@ class WriteBackStore(ForwardingStore):
             return listing
         infos = {info.key: info for info in listing.keys}
         prefixes = set(listing.prefixes)
+        deleted_under: set[str] = set()
         for entry in entries:
             rest = entry.key[len(prefix) :]
             cut = rest.find(delimiter) if delimiter else -1
             if cut >= 0:
-                prefixes.add(prefix + rest[: cut + len(delimiter or "")])
+                sub = prefix + rest[: cut + len(delimiter or "")]
+                (deleted_under if entry.deleted else prefixes).add(sub)
+            elif entry.deleted:
+                infos.pop(entry.key, None)
             else:
                 infos[entry.key] = _info(entry)
+        for sub in deleted_under & prefixes:
+            # a folder whose stored keys are all deleted here is gone already
+            if not any(True for _ in self.walk(sub)):
+                prefixes.discard(sub)
         keys = tuple(infos[k] for k in sorted(infos))
         return Listing(keys, tuple(sorted(prefixes)))
 
@@ -296,9 +330,10 @@ class WriteBackStore(ForwardingStore):
         if not entries:
             yield from stored
             return
-        mine = {e.key: _info(e) for e in entries}
+        mine = {e.key: e for e in entries}
         theirs = (info for info in stored if info.key not in mine)
-        yield from heapq.merge(theirs, sorted(mine.values(), key=_by_key), key=_by_key)
+        puts = sorted((_info(e) for e in mine.values() if not e.deleted), key=_by_key)
+        yield from heapq.merge(theirs, puts, key=_by_key)
 
     # -- durability ------------------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ class Uploader:
     def __init__(
         self,
         pending: Pending,
-        send: Callable[[Entry, bytes], None],
+        send: Callable[[Entry], None],
         *,
         threads: int = UPLOADERS,
         where: str = "",
@@ -68,7 +68,7 @@ class Uploader:
     def _attempt(self, job: Job) -> BaseException | None:
         entry = job.entry
         try:
-            self._send(entry, Journal.read(entry))
+            self._send(entry)
         except Exception as exc:  # noqa: BLE001 (kept on the job, reported, retried)
             if job.attempts in (0, 4) or job.attempts % 20 == 19:
                 log.warning(
