@@ -1,4 +1,5 @@
-"""The journal on disk: one file per accepted write, durable before the write is acknowledged.
+"""The journal on disk: an append-only log of accepted writes, durable before a write is
+acknowledged.
 
 A write-back mount answers ``close()`` once the bytes are here, so this folder is the only
 copy of an accepted write until its upload lands; everything about it serves one promise:
@@ -10,23 +11,31 @@ Layout (under :func:`~n5fs.kvstore.state.state_home`)::
     writeback/<digest>-<n>/        one folder per live mount of a source (digest: of its URL)
         lock                       flock-ed by the mount that owns the folder
         source                     the source's URL, for people and ``n5fs status``
-        0000000000000001.put       an accepted write: header, then the value's bytes (a
-                                   delete of a key is an entry too, with no bytes)
-        .0000000000000002.tmp      being written; not acknowledged yet (removed at replay)
+        00000001.log               segments: records appended one after the other
+        done                       "<segment> <offset>" of records whose upload landed
 
-An entry is written to a hidden temp name, fsync-ed, renamed to ``<seq>.put`` and the folder
-fsync-ed: only then is the write acknowledged. So a ``.put`` file is whole, or the write was
-never acknowledged. Its header carries the key, size, kept mtime and a CRC32 of the bytes, so
-replay tells a damaged entry (a disk fault) from a good one: a damaged one is moved to
-``writeback/damaged/`` and reported, never uploaded.
+A record is ``N5WB``, the length of its header, the header (JSON: key, size, kept mtime,
+when accepted, whether it is a delete), the value's bytes and a CRC32 of header and bytes.
+Why a log and not a file per write: a write is then one ``write`` and one ``fdatasync`` of a
+file that only grows, where a new file per write costs a create, a rename and two fsyncs (a
+file's and its folder's) - on a busy disk 25 times as long. Concurrent writers share one
+``fdatasync`` (group commit): each waits until the log is synced past its record.
+
+A segment is removed once every record in it is settled (uploaded, replaced or dropped) and
+it is not the one being appended to; ``done`` remembers settled records of the segments
+still there (appended without a sync: a mark lost in a crash only makes the next mount upload
+that value once more). On replay a record cut short at the end of a segment was never
+acknowledged (its writer was still waiting for the sync) and is cut off; a record that fails
+its CRC with good records after it is damage (a disk fault): copied to
+``writeback/damaged/``, reported, never uploaded.
 
 Two mounts of one source on one machine each take their own folder (``-1``, ``-2``, ...): a
 folder whose lock is free belongs to nobody alive, and the next mount of that source adopts
-its entries (renamed into its own folder, after its own in sequence order) and removes it.
+its segments (after its own, in their order) and removes it.
 
-Thread safety: :meth:`Journal.append` may run on many threads at once (each writes its own
-file; the sequence number comes from an ``itertools.count``, atomic under the GIL). The
-in-memory table of what is pending is not kept here (:mod:`~n5fs.kvstore.writeback.pending`).
+Thread safety: one condition, ``_cond``, guards the segments (appends, the group sync, the
+live counts); a sync is done with it released by one writer at a time. Reads open the segment
+by path and need no lock (a removed segment is a FileNotFoundError: the caller asks again).
 """
 
 from __future__ import annotations
@@ -39,9 +48,11 @@ import json
 import logging
 import mmap
 import os
+import struct
+import threading
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from n5fs.errors import StoreUnavailable
@@ -54,12 +65,17 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Entry", "Journal", "journal_root"]
 
-MAGIC = b"n5fs-writeback 1\n"
-#: values this large are uploaded from a map of their entry, not read into memory
+MAGIC = b"N5WB"
+_PREFIX = struct.Struct("<4sI")  # magic, header length
+_TRAILER = struct.Struct("<I")  # CRC32 of header and bytes
+SUFFIX = ".log"
+#: a segment this long is not appended to any more
+SEGMENT_BYTES = 64 << 20
+#: values this large are uploaded from a map of their segment, not read into memory
 MAP_FROM = 16 << 20
-SUFFIX = ".put"
 #: pieces a file is copied into the journal in
 _COPY = 1 << 20
+_MAX_HEADER = 1 << 16
 
 
 def journal_root(state: Path) -> Path:
@@ -77,35 +93,67 @@ class Entry:
     size: int
     #: the modification time to keep with the value; None: the store's own
     mtime: float | None
-    crc32: int
+    #: the segment holding it, and where in it the value's bytes start
     path: Path
-    #: where the value's bytes start in the file
     offset: int
     #: when the write was accepted (``time.time()``)
     accepted: float
     #: a delete of the key, not a value (a *tombstone*: no bytes)
     deleted: bool = False
+    #: where its record starts (its name in ``done``)
+    record: int = 0
+
+
+@dataclass(eq=False)
+class _Segment:
+    number: int
+    path: Path
+    fd: int = -1
+    #: bytes written, and bytes known to be on disk
+    end: int = 0
+    synced: int = 0
+    syncing: bool = False
+    #: records not settled yet
+    live: int = 0
+    done: set[int] = field(default_factory=set)
 
 
 class Journal:
     """One mount's journal folder (module docstring); made with :meth:`open`."""
 
-    def __init__(self, folder: Path, lock_fd: int, replayed: list[Entry], source: str) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        lock_fd: int,
+        segments: list[_Segment],
+        replayed: list[Entry],
+        source: str,
+        highest: int = 0,
+    ) -> None:
         self.folder = folder
         self.source = source
         #: what an earlier mount of the source left, in the order it was accepted
         self.replayed = replayed
         self._lock_fd = lock_fd
-        start = max((e.seq for e in replayed), default=0) + 1
-        self._seq = itertools.count(start)
+        self._cond = threading.Condition()
+        self._segments = {s.number: s for s in segments}
+        self._by_path = {s.path: s for s in segments}
+        self._seq = itertools.count(len(replayed) + 1)
+        self._current: _Segment | None = None
+        #: numbers of new segments: past every number a segment or a ``done`` mark had
+        self._numbers = itertools.count(highest + 1)
+        self._done_fd = os.open(folder / "done", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._closed = False
+        for segment in segments:
+            if segment.live == 0:
+                self._unlink(segment)
 
     # -- opening ---------------------------------------------------------------------------------
 
     @classmethod
     def open(cls, root: Path, source: str) -> Journal:
         """Take a free journal folder of ``source`` under ``root`` (making one where none is
-        free), adopt the entries of every other free one, and load what it holds."""
+        free), adopt the segments of every other free one, and load what it holds."""
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         try:
             root.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -118,11 +166,11 @@ class Journal:
         try:
             (folder / "source").write_text(source + "\n")
             _adopt_free_siblings(root, digest, folder)
-            replayed = _load(folder, root / "damaged")
+            segments, replayed, highest = _load(folder, root / "damaged")
         except BaseException:
             os.close(fd)
             raise
-        return cls(folder, fd, replayed, source)
+        return cls(folder, fd, segments, replayed, source, highest)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -139,47 +187,78 @@ class Journal:
     ) -> Entry:
         """Write one accepted value durably (from ``value``, its ``parts``, a local file or
         another entry's bytes; none of them: a delete of ``key``) and return its entry;
-        raises OSError (ENOSPC, EIO; FileNotFoundError when ``from_entry`` is gone) with
-        nothing acknowledged."""
-        seq = next(self._seq)
-        final = self.folder / f"{seq:016d}{SUFFIX}"
-        tmp = self.folder / f".{seq:016d}.tmp"
+        raises OSError (ENOSPC, EIO; FileNotFoundError when ``from_entry``'s segment is gone)
+        with nothing acknowledged."""
         accepted = time.time()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            size, crc, offset = _write_entry(
-                fd, key, value, parts, from_file, from_entry, mtime, accepted, deleted=deleted
-            )
-            os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        os.close(fd)
-        os.rename(tmp, final)
-        _fsync_folder(self.folder)
-        return Entry(seq, key, size, mtime, crc, final, offset, accepted, deleted)
+        with self._cond:
+            segment = self._segment_to_append()
+            start = segment.end
+            try:
+                size, written, header = _write_record(
+                    segment.fd, key, value, parts, from_file, from_entry, mtime, accepted, deleted
+                )
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(segment.fd, start)
+                raise
+            segment.end = start + written
+            segment.live += 1
+            self._sync_to(segment, segment.end)
+        offset = start + _PREFIX.size + header
+        return Entry(
+            next(self._seq), key, size, mtime, segment.path, offset, accepted, deleted, start
+        )
+
+    def _segment_to_append(self) -> _Segment:
+        current = self._current
+        if current is not None and current.end < SEGMENT_BYTES:
+            return current
+        number = next(self._numbers)
+        path = self.folder / f"{number:08d}{SUFFIX}"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o600)
+        _fsync_folder(self.folder)  # the new name survives a power loss
+        segment = _Segment(number, path, fd)
+        self._segments[number] = segment
+        self._by_path[path] = segment
+        self._current = segment
+        if current is not None and current.live == 0:
+            self._unlink(current)
+        return segment
+
+    def _sync_to(self, segment: _Segment, end: int) -> None:
+        """Return once ``segment`` is on disk up to ``end``: one writer syncs for everyone
+        waiting (caller holds ``_cond``; it is released during the sync)."""
+        while segment.synced < end:
+            if segment.syncing:
+                self._cond.wait()
+                continue
+            segment.syncing = True
+            target = segment.end
+            self._cond.release()
+            try:
+                os.fdatasync(segment.fd)
+            finally:
+                self._cond.acquire()
+                segment.syncing = False
+                self._cond.notify_all()
+            segment.synced = max(segment.synced, target)
 
     # -- reading ---------------------------------------------------------------------------------
 
     @staticmethod
     def read(entry: Entry, start: int = 0, stop: int | None = None) -> bytes:
-        """``entry``'s bytes ``[start:stop]``; FileNotFoundError once the entry is gone."""
+        """``entry``'s bytes ``[start:stop]``; FileNotFoundError once its segment is gone."""
         end = entry.size if stop is None else min(stop, entry.size)
-        if end <= start:
-            # still ask the file: a gone entry must not answer as an empty value
-            os.stat(entry.path)
-            return b""
         with open(entry.path, "rb", buffering=0) as f:
-            f.seek(entry.offset + start)
-            return _read_exactly(f.fileno(), end - start, entry)
+            if end <= start:
+                return b""
+            return _pread_exactly(f.fileno(), end - start, entry.offset + start, entry)
 
     @staticmethod
     @contextlib.contextmanager
     def value(entry: Entry) -> Iterator[bytes]:
         """``entry``'s whole value for its upload: read into memory when small, mapped from
-        the file when large (its pages then come and go with the page cache)."""
+        the segment when large (its pages then come and go with the page cache)."""
         if entry.size < MAP_FROM:
             yield Journal.read(entry)
             return
@@ -191,34 +270,70 @@ class Journal:
             finally:
                 view.release()
 
-    @staticmethod
-    def remove(entry: Entry) -> None:
-        """The entry's upload landed (or a later write of its key replaced it)."""
+    # -- settling --------------------------------------------------------------------------------
+
+    def remove(self, entry: Entry) -> None:
+        """The entry is settled (uploaded, replaced by a later write, or dropped): marked in
+        ``done``, and its segment removed once nothing in it is live. Once per entry."""
+        with self._cond:
+            segment = self._by_path.get(entry.path)
+            if segment is None or entry.record in segment.done:
+                return
+            segment.done.add(entry.record)
+            segment.live -= 1
+            if segment.live == 0 and segment is not self._current:
+                self._unlink(segment)
+                return
+        with contextlib.suppress(OSError):
+            os.write(self._done_fd, f"{segment.number} {entry.record}\n".encode())
+
+    def _unlink(self, segment: _Segment) -> None:
+        """Remove a segment nothing in it is live (caller holds ``_cond``)."""
+        self._segments.pop(segment.number, None)
+        self._by_path.pop(segment.path, None)
+        if segment.fd >= 0:
+            os.close(segment.fd)
+            segment.fd = -1
         with contextlib.suppress(FileNotFoundError):
-            entry.path.unlink()
+            segment.path.unlink()
+
+    def pending_on_disk(self) -> int:
+        """Records not settled (for tests and the last words of an unmount)."""
+        with self._cond:
+            return sum(s.live for s in self._segments.values())
 
     def close(self) -> None:
-        """Give the folder up: removed when empty (a later mount then makes a fresh one), kept
-        with its entries otherwise, for the next mount of the source."""
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(OSError):
-            if not any(self.folder.glob("*" + SUFFIX)):
-                for name in ("source", "lock"):
+        """Give the folder up: removed when nothing is pending (a later mount then makes a
+        fresh one), kept with its segments otherwise, for the next mount of the source."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            live = sum(s.live for s in self._segments.values())
+            for segment in list(self._segments.values()):
+                if segment.live == 0:
+                    self._unlink(segment)
+                elif segment.fd >= 0:
+                    os.close(segment.fd)
+                    segment.fd = -1
+            os.close(self._done_fd)
+        if not live:
+            with contextlib.suppress(OSError):
+                for name in ("done", "source", "lock"):
                     (self.folder / name).unlink(missing_ok=True)
                 self.folder.rmdir()
         os.close(self._lock_fd)
 
-    def pending_on_disk(self) -> int:
-        """Entries in the folder now (for tests and the last words of an unmount)."""
-        return sum(1 for _ in self.folder.glob("*" + SUFFIX))
+
+# == the record format ==============================================================================
 
 
-# == the file format =================================================================================
+def _header(key: str, size: int, mtime: float | None, accepted: float, *, deleted: bool) -> bytes:
+    doc = {"key": key, "size": size, "mtime": mtime, "accepted": accepted, "deleted": deleted}
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _write_entry(
+def _write_record(
     fd: int,
     key: str,
     value: bytes | memoryview | None,
@@ -227,113 +342,159 @@ def _write_entry(
     from_entry: Entry | None,
     mtime: float | None,
     accepted: float,
-    *,
     deleted: bool,
 ) -> tuple[int, int, int]:
-    """Write header and bytes; the header is written last (its size and CRC are known only
-    then), at the front: room for it is reserved by writing the bytes after a fixed offset.
-    Returns (size, crc32, offset of the bytes)."""
-    # the header's length depends on the size and CRC digits: reserve the widest
-    reserve = len(_header(key, 2**63, 2**32 - 1, mtime, accepted, deleted=deleted)) + 1
-    offset = len(MAGIC) + reserve
-    os.lseek(fd, offset, os.SEEK_SET)
-    crc, size = 0, 0
+    """Append one record; returns (value size, bytes written, header length)."""
+    if value is not None:
+        pieces: Sequence[bytes | memoryview] = [value]
+    elif parts is not None:
+        pieces = parts
+    else:
+        pieces = []
+    if from_entry is not None:
+        size = from_entry.size
+    elif from_file is not None:
+        size = os.path.getsize(from_file)
+    else:
+        size = sum(len(memoryview(p).cast("B")) for p in pieces)
+    header = _header(key, size, mtime, accepted, deleted=deleted)
+    crc = zlib.crc32(header)
+    _write_all(fd, _PREFIX.pack(MAGIC, len(header)) + header)
+    written = 0
+    for piece in _pieces(pieces, from_file, from_entry):
+        crc = zlib.crc32(piece, crc)
+        written += len(piece)
+        _write_all(fd, piece)
+    if written != size:
+        raise StoreUnavailable(f"/{key}: its source changed while it was journaled")
+    _write_all(fd, _TRAILER.pack(crc))
+    return size, _PREFIX.size + len(header) + size + _TRAILER.size, len(header)
+
+
+def _pieces(
+    pieces: Sequence[bytes | memoryview],
+    from_file: str | os.PathLike[str] | None,
+    from_entry: Entry | None,
+) -> Iterator[bytes | memoryview]:
     if from_entry is not None:
         with open(from_entry.path, "rb", buffering=0) as src:
             src.seek(from_entry.offset)
             left = from_entry.size
             while left and (piece := src.read(min(_COPY, left))):
-                crc = zlib.crc32(piece, crc)
-                size += len(piece)
                 left -= len(piece)
-                _write_all(fd, piece)
-        if size != from_entry.size:
-            raise StoreUnavailable(f"write-back journal entry {from_entry.path} is short")
-    elif from_file is not None:
+                yield piece
+        return
+    if from_file is not None:
         with open(from_file, "rb", buffering=0) as src:
             while piece := src.read(_COPY):
-                crc = zlib.crc32(piece, crc)
-                size += len(piece)
-                _write_all(fd, piece)
-    else:
-        for piece in [value] if value is not None else parts or ():
-            crc = zlib.crc32(piece, crc)
-            size += len(piece)
-            _write_all(fd, piece)
-    header = _header(key, size, crc, mtime, accepted, deleted=deleted)
-    os.pwrite(fd, MAGIC + header.ljust(reserve - 1) + b"\n", 0)  # JSON has no raw newline
-    return size, crc, offset
+                yield piece
+        return
+    yield from pieces
 
 
-def _header(
-    key: str, size: int, crc: int, mtime: float | None, accepted: float, *, deleted: bool
-) -> bytes:
-    doc = {
-        "key": key,
-        "size": size,
-        "crc32": crc,
-        "mtime": mtime,
-        "accepted": accepted,
-        "deleted": deleted,
-    }
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def _parse(path: Path) -> Entry:
-    """The entry a ``.put`` file holds; ValueError when it is not whole and true."""
-    seq = int(path.name[: -len(SUFFIX)])
-    with open(path, "rb", buffering=0) as f:
-        head = f.read(len(MAGIC) + 16384)
-        if not head.startswith(MAGIC):
-            raise ValueError("not a journal entry")
-        line_end = head.find(b"\n", len(MAGIC))
-        if line_end < 0:
-            raise ValueError("its header is torn")
-        doc = json.loads(head[len(MAGIC) : line_end])
-        offset = line_end + 1
-        key, size, crc = doc["key"], doc["size"], doc["crc32"]
-        mtime, accepted = doc.get("mtime"), doc.get("accepted", 0.0)
-        deleted = doc.get("deleted", False) is True
-        if not (isinstance(key, str) and isinstance(size, int) and isinstance(crc, int)):
-            raise TypeError("its header is not an entry's")
-        f.seek(offset)
-        got, length = 0, 0
-        while piece := f.read(_COPY):
-            got = zlib.crc32(piece, got)
-            length += len(piece)
-    if length != size:
-        raise ValueError(f"it holds {length} bytes, its header says {size}")
-    if got != crc:
-        raise ValueError("its bytes fail their CRC32")
-    return Entry(seq, key, size, mtime, crc, path, offset, float(accepted), deleted)
-
-
-def _load(folder: Path, damaged: Path) -> list[Entry]:
-    """The folder's entries in sequence order; temp files (never acknowledged) removed,
-    damaged entries moved aside and reported."""
+def _load(folder: Path, damaged: Path) -> tuple[list[_Segment], list[Entry], int]:
+    """The folder's segments, their live records in order, and the highest segment number
+    named anywhere; a torn tail cut off, damaged records set aside."""
+    done: dict[int, set[int]] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for line in (folder / "done").read_text().splitlines():
+            name, _, record = line.partition(" ")
+            with contextlib.suppress(ValueError):
+                done.setdefault(int(name), set()).add(int(record))
+    segments: list[_Segment] = []
     entries: list[Entry] = []
-    for path in sorted(folder.iterdir()):
-        name = path.name
-        if name.startswith(".") and name.endswith(".tmp"):
-            path.unlink(missing_ok=True)
+    for path in sorted(folder.glob("*" + SUFFIX)):
+        number = int(path.name[: -len(SUFFIX)])
+        segment = _Segment(number, path, done=done.get(number, set()))
+        for entry in _records(path, damaged):
+            if entry.record in segment.done:
+                continue
+            segment.live += 1
+            entries.append(entry)
+        segments.append(segment)
+    for seq, entry in enumerate(entries, 1):
+        entry.seq = seq
+    # rewritten with the marks of the segments still there: a segment number is never used
+    # again while a mark names it (:attr:`Journal._numbers` starts past every one)
+    marks = [f"{s.number} {r}\n" for s in segments if s.live for r in sorted(s.done)]
+    tmp = folder / ".done.tmp"
+    tmp.write_text("".join(marks))
+    os.rename(tmp, folder / "done")
+    return segments, entries, max([*done, *(s.number for s in segments)], default=0)
+
+
+def _records(path: Path, damaged: Path) -> Iterator[Entry]:
+    """The good records of one segment, in order (module docstring)."""
+    cut: int | None = None
+    with open(path, "r+b") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            for entry, end in _scan(data, path, damaged):
+                if entry is None:
+                    cut = end
+                    break
+                yield entry
+        if cut is not None:
+            log.info("write-back journal %s: an unacknowledged record cut off at %d", path, cut)
+            f.truncate(cut)
+
+
+def _scan(data: mmap.mmap, path: Path, damaged: Path) -> Iterator[tuple[Entry | None, int]]:
+    """(entry, end) per good record; (None, where to cut) for a torn tail, then stop."""
+    pos = 0
+    while pos < len(data):
+        parsed = _parse(data, pos, path)
+        if isinstance(parsed, Entry):
+            pos = parsed.offset + parsed.size + _TRAILER.size
+            yield parsed, pos
             continue
-        if not name.endswith(SUFFIX):
-            continue
-        try:
-            entries.append(_parse(path))
-        except (ValueError, KeyError, TypeError) as exc:  # not its bytes: an I/O error raises
-            damaged.mkdir(parents=True, exist_ok=True, mode=0o700)
-            aside = damaged / f"{folder.name}-{name}"
-            log.error(  # noqa: TRY400 (the reason is the message; no traceback)
-                "write-back journal entry %s is damaged (%s): moved to %s, not uploaded",
-                path,
-                exc,
-                aside,
-            )
-            with contextlib.suppress(OSError):
-                os.rename(path, aside)
-    entries.sort(key=lambda e: e.seq)
-    return entries
+        reason, length = parsed
+        if length is None or not _good_record_after(data, pos + length, path):
+            yield None, pos
+            return
+        damaged.mkdir(parents=True, exist_ok=True, mode=0o700)
+        aside = damaged / f"{path.parent.name}-{path.name}-{pos}"
+        aside.write_bytes(data[pos : pos + length])
+        log.error(
+            "write-back journal %s: the record at %d is damaged (%s): copied to %s, not uploaded",
+            path,
+            pos,
+            reason,
+            aside,
+        )
+        pos += length
+
+
+def _parse(data: bytes | mmap.mmap, pos: int, path: Path) -> Entry | tuple[str, int | None]:
+    """The record at ``pos``, or (why not, its length where the header says it)."""
+    if len(data) - pos < _PREFIX.size:
+        return "torn", None
+    magic, header_len = _PREFIX.unpack_from(data, pos)
+    if magic != MAGIC or header_len > _MAX_HEADER:
+        return "no record starts here", None
+    start = pos + _PREFIX.size
+    try:
+        doc = json.loads(data[start : start + header_len])
+        key, size = doc["key"], doc["size"]
+        if not (isinstance(key, str) and isinstance(size, int)):
+            return "its header is not a record's", None
+    except (ValueError, KeyError, TypeError):
+        return "its header is torn", None
+    offset = start + header_len
+    length = _PREFIX.size + header_len + size + _TRAILER.size
+    if offset + size + _TRAILER.size > len(data):
+        return "torn", None
+    (crc,) = _TRAILER.unpack_from(data, offset + size)
+    if zlib.crc32(data[offset : offset + size], zlib.crc32(data[start:offset])) != crc:
+        return "its bytes fail their CRC32", length
+    mtime, accepted = doc.get("mtime"), doc.get("accepted", 0.0)
+    deleted = doc.get("deleted", False) is True
+    return Entry(0, key, size, mtime, path, offset, float(accepted), deleted, pos)
+
+
+def _good_record_after(data: bytes | mmap.mmap, pos: int, path: Path) -> bool:
+    return pos < len(data) and isinstance(_parse(data, pos, path), Entry)
 
 
 def _take_folder(root: Path, digest: str) -> tuple[Path, int]:
@@ -355,8 +516,8 @@ def _take_folder(root: Path, digest: str) -> tuple[Path, int]:
 
 
 def _adopt_free_siblings(root: Path, digest: str, mine: Path) -> None:
-    """Move the entries of every free folder of the same source into ``mine``, in their own
-    order, after what ``mine`` holds; remove the emptied folders."""
+    """Move the segments of every free folder of the same source into ``mine``, after its
+    own, in their order (with their ``done`` marks); remove the emptied folders."""
     last = max((int(p.name[: -len(SUFFIX)]) for p in mine.glob("*" + SUFFIX)), default=0)
     for folder in sorted(root.glob(f"{digest}-*")):
         if folder == mine or not folder.is_dir():
@@ -370,16 +531,25 @@ def _adopt_free_siblings(root: Path, digest: str, mine: Path) -> None:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # a live mount's
-            names = sorted(p.name for p in folder.glob("*" + SUFFIX))
-            for name in names:
+            renumbered: dict[int, int] = {}
+            for path in sorted(folder.glob("*" + SUFFIX)):
                 last += 1
-                os.rename(folder / name, mine / f"{last:016d}{SUFFIX}")
-            if names:
-                log.info("adopted %d journaled writes of %s", len(names), folder)
+                renumbered[int(path.name[: -len(SUFFIX)])] = last
+                os.rename(path, mine / f"{last:08d}{SUFFIX}")
+            marks = []
+            with contextlib.suppress(FileNotFoundError):
+                for line in (folder / "done").read_text().splitlines():
+                    number, _, record = line.partition(" ")
+                    if number.isdigit() and int(number) in renumbered:
+                        marks.append(f"{renumbered[int(number)]} {record}\n")
+            if marks:
+                with open(mine / "done", "a") as done:
+                    done.writelines(marks)
+            if renumbered:
+                log.info("adopted %d journal segments of %s", len(renumbered), folder)
                 _fsync_folder(mine)
             for path in folder.iterdir():
-                if path.name.endswith(".tmp") or path.name in ("lock", "source"):
-                    path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 folder.rmdir()
         finally:
@@ -401,11 +571,11 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def _read_exactly(fd: int, n: int, entry: Entry) -> bytes:
+def _pread_exactly(fd: int, n: int, offset: int, entry: Entry) -> bytes:
     out = bytearray()
     while len(out) < n:
-        piece = os.read(fd, n - len(out))
+        piece = os.pread(fd, n - len(out), offset + len(out))
         if not piece:
-            raise StoreUnavailable(f"write-back journal entry {entry.path} is shorter than it said")
+            raise StoreUnavailable(f"write-back journal {entry.path} is shorter than it said")
         out += piece
     return bytes(out)

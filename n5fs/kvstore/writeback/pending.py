@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from n5fs.locking import LEAF, ranked_condition
+from n5fs.locking import LEAF, ranked_lock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -86,7 +87,11 @@ class Pending:
     def __init__(self, limit: int, *, room_wait: float = 30.0) -> None:
         self.limit = limit
         self.room_wait = room_wait
-        self._cond = ranked_condition("write-back jobs", LEAF)
+        lock = ranked_lock("write-back jobs", LEAF)
+        #: waiters for changes (room, settled jobs, uploads ending)
+        self._cond = threading.Condition(lock)
+        #: uploaders waiting for a job: woken one per job, not all per change
+        self._work = threading.Condition(lock)
         self._newest: dict[str, Job] = {}
         #: (not before, 0 for a job a waiter wants, else 1, ticket, job)
         self._ready: list[tuple[float, int, int, Job]] = []
@@ -138,7 +143,8 @@ class Pending:
                 self._parked[entry.key] = job
             else:
                 self._push(job)
-            self._cond.notify_all()
+            if old is not None:
+                self._cond.notify_all()  # its charge is free
         return gone
 
     def drop(self, key: str, timeout: float) -> Job | None:
@@ -198,7 +204,7 @@ class Pending:
                     wake = min(wake, self._ready[0][0])
                 if now >= deadline:
                     return None
-                self._cond.wait(max(0.0, wake - now))
+                self._work.wait(max(0.0, wake - now))
 
     def _next_ready(self, now: float) -> Job | None:
         while self._ready and self._ready[0][0] <= now:
@@ -244,6 +250,7 @@ class Pending:
             if successor is not None and not successor.settled:
                 self._push(successor)
             self._cond.notify_all()
+            self._work.notify()  # room in flight again
             return removable
 
     def released(self, job: Job) -> None:
@@ -267,7 +274,6 @@ class Pending:
             # settled, and a successor never starts before the upload in flight ended
             jobs = [j for k, j in self._newest.items() if select(k)]
             self._requeue_now(jobs)
-            self._cond.notify_all()
             for job in jobs:
                 while not job.settled:
                     if job.error is not None and job.ended > began:
@@ -292,6 +298,7 @@ class Pending:
         if changed:
             self._ready = [(j.not_before, 0 if j.wanted else 1, t, j) for _, _, t, j in self._ready]
             heapq.heapify(self._ready)
+            self._work.notify_all()
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -328,6 +335,7 @@ class Pending:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._work.notify_all()
 
     # -- inside the lock ------------------------------------------------------------------------
 
@@ -336,6 +344,7 @@ class Pending:
             job.queued = True
             entry = (job.not_before, 0 if job.wanted else 1, next(self._ticket), job)
             heapq.heappush(self._ready, entry)
+            self._work.notify()
 
     def _settle(self, job: Job) -> None:
         job.settled = True

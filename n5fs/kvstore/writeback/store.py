@@ -98,7 +98,7 @@ class WriteBackStore(ForwardingStore):
         for entry in replayed:
             gone = self.pending.add(entry, replayed=True)
             if gone is not None:
-                Journal.remove(gone.entry)
+                self.journal.remove(gone.entry)
         if replayed:
             log.warning(
                 "uploading %d writes (%d bytes) that an earlier mount of %s accepted and had "
@@ -108,7 +108,9 @@ class WriteBackStore(ForwardingStore):
                 journal.source,
                 journal.folder,
             )
-        self._uploader = Uploader(self.pending, self._send, threads=uploaders, where=repr(inner))
+        self._uploader = Uploader(
+            self.pending, self._send, self.journal.remove, threads=uploaders, where=repr(inner)
+        )
         self._closed = False
 
     def has_ability(self, kind: type) -> bool:
@@ -176,7 +178,7 @@ class WriteBackStore(ForwardingStore):
             raise error(f"cannot journal /{key} in {self.journal.folder}: {exc}") from exc
         gone = self.pending.add(entry)
         if gone is not None:
-            Journal.remove(gone.entry)
+            self.journal.remove(gone.entry)
 
     def _send(self, entry: Entry) -> None:
         if entry.deleted:
@@ -217,7 +219,7 @@ class WriteBackStore(ForwardingStore):
             raise StoreUnavailable(f"cannot change /{key}: {exc}") from exc
         if job is None:
             return False
-        Journal.remove(job.entry)
+        self.journal.remove(job.entry)
         return True
 
     # -- calls that wait for what they touch ------------------------------------------------

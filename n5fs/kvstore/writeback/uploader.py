@@ -1,8 +1,8 @@
 """The threads that upload journaled writes: enough in flight to cover a round trip.
 
 A value is read from its journal entry, written to the inner store with the store's own
-checks (on S3: retries, the integrity check of every PUT), and its entry removed only after
-the store acknowledged it. A failed attempt leaves the entry where it is and the job backs off
+checks (on S3: retries, the integrity check of every PUT), and its entry settled in the
+journal only after the store acknowledged it. A failed attempt leaves the entry where it is and the job backs off
 (:mod:`~n5fs.kvstore.writeback.pending`); nothing accepted is ever dropped here.
 
 State: the threads themselves, started once and joined by :meth:`Uploader.close`; everything
@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 from typing import TYPE_CHECKING
-
-from n5fs.kvstore.writeback.journal import Journal
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,12 +36,14 @@ class Uploader:
         self,
         pending: Pending,
         send: Callable[[Entry], None],
+        remove: Callable[[Entry], None],
         *,
         threads: int = UPLOADERS,
         where: str = "",
     ) -> None:
         self._pending = pending
         self._send = send
+        self._remove = remove
         self._where = where
         self._threads = [
             threading.Thread(target=self._run, name=f"n5fs-upload-{i}", daemon=True)
@@ -62,7 +62,7 @@ class Uploader:
                 continue
             error = self._attempt(job)
             if pending.finished(job, error):
-                Journal.remove(job.entry)
+                self._remove(job.entry)
                 pending.released(job)
 
     def _attempt(self, job: Job) -> BaseException | None:
