@@ -358,3 +358,17 @@ def test_an_unreachable_store_at_close_keeps_the_journal(tmp_path: Path) -> None
     again = Journal.open(journal_root(tmp_path), faulty.spec.to_url())
     assert [(e.key, Journal.read(e)) for e in again.replayed] == [("k", b"v")]
     again.close()
+
+
+def test_a_temp_file_renamed_at_once_is_never_uploaded_under_its_temp_name(
+    tmp_path: Path,
+) -> None:
+    inner = CountingStore(MemoryStore())
+    store = make(inner, tmp_path, delay=30.0)  # no upload starts unless waited for
+    store.set("a/0.123.partial", b"chunk")
+    store.rename("a/0.123.partial", "a/0")
+    store.flush()  # waited for: uploaded now, delay or not
+    assert inner.inner.get("a/0") == b"chunk"
+    assert inner.count("set", "a/0.123.partial") == 0
+    assert inner.count("rename") == 0
+    store.close()

@@ -45,6 +45,10 @@ __all__ = ["Job", "Pending", "UploadFailed"]
 MIN_CHARGE = 4096
 #: the longest a failing job waits before it is tried again
 MAX_BACKOFF = 60.0
+#: how long a write waits before its upload starts: a writer's temp file renamed over its
+#: chunk a moment later (zarr-python, TensorStore, rsync) then moves inside the journal and
+#: is never uploaded under its temp name (a PUT, then a copy and a DELETE on S3)
+UPLOAD_DELAY = 0.5
 #: bytes of values read into memory for uploads at once (one larger goes alone)
 IN_FLIGHT_BYTES = 256 << 20
 
@@ -84,9 +88,11 @@ class Job:
 class Pending:
     """The table of accepted, not yet uploaded writes (module docstring)."""
 
-    def __init__(self, limit: int, *, room_wait: float = 30.0) -> None:
+    def __init__(self, limit: int, *, room_wait: float = 30.0, delay: float = 0.0) -> None:
         self.limit = limit
         self.room_wait = room_wait
+        #: how long an accepted write waits before its upload may start (unless waited for)
+        self.delay = delay
         lock = ranked_lock("write-back jobs", LEAF)
         #: waiters for changes (room, settled jobs, uploads ending)
         self._cond = threading.Condition(lock)
@@ -126,7 +132,7 @@ class Pending:
     def add(self, entry: Entry, *, replayed: bool = False) -> Job | None:
         """Take a journaled ``entry`` as the newest value of its key; returns the job it
         replaces when that one's journal entry can go now (not in flight)."""
-        job = Job(entry)
+        job = Job(entry, not_before=0.0 if replayed else time.monotonic() + self.delay)
         with self._cond:
             old = self._newest.get(entry.key)
             self._newest[entry.key] = job

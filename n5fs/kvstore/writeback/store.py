@@ -52,7 +52,7 @@ from n5fs.kvstore.base import ByteRange, KeyInfo, Listing
 from n5fs.kvstore.keys import folder_of
 from n5fs.kvstore.wrappers import ForwardingStore
 from n5fs.kvstore.writeback.journal import Journal
-from n5fs.kvstore.writeback.pending import Pending, UploadFailed
+from n5fs.kvstore.writeback.pending import UPLOAD_DELAY, Pending, UploadFailed
 from n5fs.kvstore.writeback.uploader import UPLOADERS, Uploader
 
 if TYPE_CHECKING:
@@ -89,11 +89,12 @@ class WriteBackStore(ForwardingStore):
         limit: int = DEFAULT_LIMIT,
         uploaders: int = UPLOADERS,
         room_wait: float = 30.0,
+        delay: float = UPLOAD_DELAY,
     ) -> None:
         super().__init__(inner)
         self.journal = journal
         self._write_through = write_through
-        self.pending = Pending(limit, room_wait=room_wait)
+        self.pending = Pending(limit, room_wait=room_wait, delay=delay)
         replayed = journal.replayed
         for entry in replayed:
             gone = self.pending.add(entry, replayed=True)
