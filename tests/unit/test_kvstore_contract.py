@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from n5fs.kvstore.base import KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.kvstore.wrappers import ForwardingStore
+from n5fs.kvstore.writeback import Journal, WriteBackStore, journal_root
 from n5fs.testing.kvstore_contract import KvStoreContract
 
 
@@ -84,3 +86,28 @@ def test_each_driver_has_its_abilities_and_traits(tmp_path: Path) -> None:
         atomic_prefix_rename=True, empty_prefixes=True, cheap_stat=True
     )
     assert memory.traits == StoreTraits(flat_listing_preferred=True, shared_versions=True)
+
+
+class TestWriteBackStore(KvStoreContract):
+    """Write-back over memory: every contract holds through the journal; ``peek`` asks the
+    backend once what was accepted has landed (``flush``)."""
+
+    persistent = False
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Iterator[WriteBackStore]:
+        inner = MemoryStore()
+        journal = Journal.open(journal_root(tmp_path), inner.spec.to_url())
+        store = WriteBackStore(inner, journal, delay=0.0)
+        yield store
+        store.close()
+
+    def seed(self, store: KvStore, key: str, value: bytes) -> None:
+        assert isinstance(store, WriteBackStore) and isinstance(store.inner, MemoryStore)
+        store.inner._data[key] = (value, 0.0)
+
+    def peek(self, store: KvStore, key: str) -> bytes | None:
+        assert isinstance(store, WriteBackStore) and isinstance(store.inner, MemoryStore)
+        store.flush()
+        entry = store.inner._data.get(key)
+        return None if entry is None else entry[0]
