@@ -10,7 +10,7 @@ Workloads, each on a fresh mount and a fresh prefix:
   at moto, behind the proxy's back, every 50 ms); every object is then compared byte for byte;
 - zarr-python 3 writing an array of ``--chunks`` chunks of 1 KiB from 8 threads, until every
   chunk is in the bucket (for write-back: the writes, then ``n5fs sync``);
-- ``kill -9``: the ``cp -r`` again, the daemon killed 1 s after ``cp`` returned, a new mount
+- ``kill -9``: the ``cp -r`` again, the daemon killed 1 s (and 0 s) after ``cp`` returned, a new mount
   of the same source (same state directory): every object in the bucket byte-exact afterwards,
   the journal empty, ``n5fs validate`` of the bucket clean;
 - faults: the ``cp -r`` while the proxy resets connections, answers 503 and cuts PUT bodies
@@ -169,13 +169,13 @@ def zarr_run(mounts: Mounts, variant: Variant, prefix: str, chunks: int, env: di
 
 
 def kill_run(mounts: Mounts, variant: Variant, src: Path, prefix: str, client: Any, bucket: str,
-             files: dict[str, bytes], env: dict[str, str], state: Path, source: str
-             ) -> dict[str, Any]:  # fmt: skip
+             files: dict[str, bytes], env: dict[str, str], state: Path, source: str,
+             after: float) -> dict[str, Any]:  # fmt: skip
     mount = mounts.start(variant)
     done = subprocess.run(["cp", "-r", str(src), str(mount.path / prefix)], check=False)
     if done.returncode != 0:
         raise BenchError(f"cp -r exited {done.returncode}")
-    time.sleep(1.0)
+    time.sleep(after)
     landed_before = bucket_count(client, bucket, prefix + "/")
     assert mount.proc is not None
     mount.proc.kill()
@@ -272,10 +272,11 @@ def main(argv: list[str] | None = None) -> int:
                         out[f"zarr-python 8 threads, {v.name}"] = took
                         print(f"zarr-python {v.name}: {took:.1f} s", flush=True)
                 if "kill" not in skip:
-                    cell = kill_run(mounts, on, src, fresh(), client, bucket, files, env, state,
-                                    source)  # fmt: skip
-                    out["kill -9 after cp -r"] = cell
-                    print(f"kill -9: {cell}", flush=True)
+                    for after in (1.0, 0.0):
+                        cell = kill_run(mounts, on, src, fresh(), client, bucket, files, env,
+                                        state, source, after)  # fmt: skip
+                        out[f"kill -9 {after:g} s after cp -r returned"] = cell
+                        print(f"kill -9 after {after:g} s: {cell}", flush=True)
                 if "faults" not in skip:
                     proxy.latency = 0.0
                     cell = fault_run(mounts, on, src, fresh(), client, bucket, files, env, proxy)
