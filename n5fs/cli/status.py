@@ -266,13 +266,29 @@ def run_status(args: argparse.Namespace) -> int:
         for text in lines:  # with --json, stdout holds the JSON only
             print(text, file=sys.stderr if args.json else sys.stdout)
     rows = mount_status()
+    left = unuploaded_journals()
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     if not rows:
         print("no n5fs mounts")
-        return 0
-    for text in render_table(rows):
-        print(text)
+    else:
+        for text in render_table(rows):
+            print(text)
+    for line in left:
+        print(line)
     return 0
+
+
+def unuploaded_journals() -> list[str]:
+    """Write-back journals no mount holds (a daemon killed or stopped with uploads failing):
+    what they hold is uploaded by the next mount of their source."""
+    from n5fs.kvstore.state import state_home
+    from n5fs.kvstore.writeback.journal import journal_root, orphans
+
+    return [
+        f"{human_bytes(o.bytes)} of writes not uploaded yet for {o.source} ({o.folder}): the "
+        "next mount of it uploads them"
+        for o in orphans(journal_root(state_home()))
+    ]

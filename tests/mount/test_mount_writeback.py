@@ -71,6 +71,8 @@ def test_kill_9_with_uploads_pending_loses_nothing(
     assert stored("late") is None
     journal = tmp_path / "state" / "writeback"
     assert any(journal.glob("*/*.log"))
+    status = mounter.cli("status")
+    assert "not uploaded yet" in status.stdout, status.stdout  # the journal no mount holds
     proxy.clear()
     again = mounter.daemon(source(proxy.endpoint, s3_bucket), name="mnt2")
     assert (again / "late").read_bytes() == b"accepted while S3 refuses"

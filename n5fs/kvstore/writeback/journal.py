@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Entry", "Journal", "journal_root"]
+__all__ = ["Entry", "Journal", "Orphan", "journal_root", "orphans"]
 
 MAGIC = b"N5WB"
 _PREFIX = struct.Struct("<4sI")  # magic, header length
@@ -81,6 +81,43 @@ _MAX_HEADER = 1 << 16
 def journal_root(state: Path) -> Path:
     """The folder every write-back journal of this user lives in."""
     return state / "writeback"
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """A journal folder no live mount holds, with writes in it: the next mount of
+    ``source`` uploads them (``n5fs status`` says so)."""
+
+    folder: Path
+    source: str
+    segments: int
+    bytes: int
+
+
+def orphans(root: Path) -> list[Orphan]:
+    """The journal folders under ``root`` whose lock is free and that hold segments."""
+    found = []
+    for folder in sorted(root.glob("*-*")) if root.is_dir() else []:
+        logs = sorted(folder.glob("*" + SUFFIX))
+        if not logs:
+            continue
+        try:
+            fd = os.open(folder / "lock", os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a live mount's
+        finally:
+            os.close(fd)  # closing drops a lock this probe took
+        try:
+            source = (folder / "source").read_text().strip()
+        except OSError:
+            source = "?"
+        size = sum(p.stat().st_size for p in logs if p.exists())
+        found.append(Orphan(folder, source, len(logs), size))
+    return found
 
 
 @dataclass(eq=False, slots=True)
