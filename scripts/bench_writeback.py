@@ -182,7 +182,7 @@ def kill_run(mounts: Mounts, variant: Variant, src: Path, prefix: str, client: A
     mount.proc.wait()
     subprocess.run(["fusermount3", "-u", "-z", str(mount.path)], check=False)
     mounts.live.remove(mount)
-    journaled = sum(1 for _ in (state / "writeback").glob("*/*.put"))
+    journaled = sum(p.stat().st_size for p in (state / "writeback").glob("*/*.log"))
     again = mounts.start(variant)
     try:
         synced = n5fs_cli("sync", str(again.path), env=env)
@@ -191,13 +191,13 @@ def kill_run(mounts: Mounts, variant: Variant, src: Path, prefix: str, client: A
     finally:
         mounts.stop(again)
     lost, corrupt = compare(client, bucket, prefix + "/", files)
-    left = sum(1 for _ in (state / "writeback").glob("*/*.put"))
+    left = sum(1 for _ in (state / "writeback").glob("*/*.log"))
     spec = json.loads(source)
     spec["path"] = prefix
     checked = n5fs_cli("validate", json.dumps(spec), "--json", env=env)
     invalid = len(json.loads(checked.stdout).get("invalid", [])) if checked.stdout else -1
-    return {"landed before the kill": landed_before, "journaled at the kill": journaled,
-            "lost": lost, "corrupt": corrupt, "journal left": left, "invalid stored": invalid,
+    return {"landed before the kill": landed_before, "journal bytes at the kill": journaled,
+            "lost": lost, "corrupt": corrupt, "journal segments left": left, "invalid stored": invalid,
             "validate exit": checked.returncode}  # fmt: skip
 
 
