@@ -15,13 +15,14 @@ kinds of extras, kept apart on purpose:
   files of a local folder), :class:`ConditionalWrites` (compare-and-swap by version),
   :class:`SettableDurability` (when a write is on disk can be chosen), :class:`PartWrites`
   (a value written from its pieces, never joined), :class:`ListedTimes` (listings that can
-show kept mtimes, at a price the caller chooses to pay). Each is a runtime-checkable
+show kept mtimes, at a price the caller chooses to pay), :class:`NameListings` (listings of
+names alone, where a size costs a call per key). Each is a runtime-checkable
   :class:`typing.Protocol`, and a driver has one exactly when it has the methods: nothing
   on :class:`~n5fs.kvstore.base.KvStore` stands in for them.
 
 Ask for an ability through its function here (:func:`local_files`,
 :func:`conditional_writes`, :func:`settable_durability`, :func:`part_writes`,
-:func:`listed_times`), which answers
+:func:`listed_times`, :func:`name_listings`), which answers
 the store as that protocol, or None; never by ``isinstance`` on a store of unknown kind.
 Why: a wrapper (:class:`~n5fs.kvstore.wrappers.ForwardingStore`, the test doubles) carries
 the methods of every ability it passes on, whatever it wraps, so ``isinstance`` would claim
@@ -54,6 +55,7 @@ __all__ = [
     "Durability",
     "ListedTimes",
     "LocalFiles",
+    "NameListings",
     "PartWrites",
     "SettableDurability",
     "StoreTraits",
@@ -61,6 +63,7 @@ __all__ = [
     "has_ability",
     "listed_times",
     "local_files",
+    "name_listings",
     "part_writes",
     "settable_durability",
 ]
@@ -185,6 +188,20 @@ class ListedTimes(Protocol):
         ...
 
 
+@runtime_checkable
+class NameListings(Protocol):
+    """A store that lists the names under a prefix for much less than :meth:`list`, which
+    also gives each key's size and mtime (a directory on disk: one ``scandir`` tells each
+    entry's kind; its size is one ``stat`` more per entry, several times the ``scandir``)."""
+
+    def list_names(self, prefix: str) -> tuple[list[str], list[str]]:
+        """The names (relative to ``prefix``, ``""`` or ``"a/b/"``) of the keys directly
+        below ``prefix`` and of its sub-prefixes, in no particular order: the keys and
+        prefixes ``list(prefix)`` shows, without their sizes and times (``stat`` of a key
+        answers those)."""
+        ...
+
+
 # == asking =========================================================================================
 
 
@@ -221,3 +238,8 @@ def part_writes(store: KvStore) -> PartWrites | None:
 def listed_times(store: KvStore) -> ListedTimes | None:
     """``store`` as :class:`ListedTimes`, None where its listings cannot be asked for them."""
     return store if isinstance(store, ListedTimes) and store.has_ability(ListedTimes) else None
+
+
+def name_listings(store: KvStore) -> NameListings | None:
+    """``store`` as :class:`NameListings`, None where a listing brings sizes anyway."""
+    return store if isinstance(store, NameListings) and store.has_ability(NameListings) else None
