@@ -188,7 +188,7 @@ class Gateway:
         """Like stat, but None when absent."""
         return self.view.lookup(path_to_key(path))
 
-    def readdir(self, path: str) -> list[tuple[str, Attr]]:
+    def readdir(self, path: str) -> Sequence[tuple[str, Attr]]:
         return self.view.readdir(path_to_key(path))
 
     def readlink(self, path: str) -> str:

@@ -194,7 +194,7 @@ class NameListings(Protocol):
     also gives each key's size and mtime (a directory on disk: one ``scandir`` tells each
     entry's kind; its size is one ``stat`` more per entry, several times the ``scandir``)."""
 
-    def list_names(self, prefix: str) -> tuple[list[str], list[str]]:
+    def list_names(self, prefix: str) -> tuple[Sequence[str], Sequence[str]]:
         """The names (relative to ``prefix``, ``""`` or ``"a/b/"``) of the keys directly
         below ``prefix`` and of its sub-prefixes, in no particular order: the keys and
         prefixes ``list(prefix)`` shows, without their sizes and times (``stat`` of a key
