@@ -6,7 +6,12 @@ State and locks:
 - listings: a :class:`~n5fs.singleflight.LoadingCache` of immutable :class:`DirEntries` (one
   LIST per folder however many threads miss it; a LIST that began before one of our commits is
   never stored; our commits replace the cached value with a patched copy, so a committed name
-  is visible to ``stat`` and ``readdir`` the moment the commit returns);
+  is visible to ``stat`` and ``readdir`` the moment the commit returns). Each is packed
+  (:class:`~n5fs.gateway.namespace.paths.PackedFiles`, some 30 bytes a chunk file) and weighed
+  by its bytes: past ``max_bytes`` the least recently used are dropped, and listed again when
+  next asked (a commit to a dropped folder patches nothing: the next LIST sees it). On a
+  store with :class:`~n5fs.kvstore.abilities.NameListings` (a local disk) a folder is listed
+  by names, and a file's size and mtime come from one ``stat`` when first asked;
 - walks (:mod:`~n5fs.gateway.namespace.walks`, its own locks): on a store that prefers flat listings,
   a miss of a folder of an array's chunk tree waits for one flat listing of the array (or of
   the part of it holding the folder), which fills the listing of every folder it passes
@@ -67,6 +72,10 @@ if TYPE_CHECKING:
 _EMPTY = DirEntries()
 
 
+def _weight(entries: DirEntries) -> int:
+    return entries.nbytes
+
+
 #: a folder listing that took this long is served past its TTL while it is listed again
 #: (:mod:`n5fs.singleflight`): half a second is some five to ten LIST pages of 1,000 keys on S3
 SLOW_LISTING = 0.5
@@ -86,6 +95,7 @@ class NamespaceView:
         workers: Workers,
         show_control: bool = False,
         flat_keys: int = 100_000,
+        max_bytes: int | None = None,
     ) -> None:
         self.store = store
         self.detector = detector
@@ -95,8 +105,15 @@ class NamespaceView:
         self._control = control
         # an expired listing that took a while to read answers while it is read again (not
         # in strict consistency, whose TTL of 0 asks the store on every lookup)
+        # weighed by the bytes each holds, the least recently used dropped past ``max_bytes``
+        # (and listed again when next asked)
         self.listings: LoadingCache[DirEntries] = LoadingCache(
-            ttl, clock=clock, revalidate_after=SLOW_LISTING if ttl else None, workers=workers
+            ttl,
+            clock=clock,
+            revalidate_after=SLOW_LISTING if ttl else None,
+            workers=workers,
+            weigh=_weight,
+            max_bytes=max_bytes,
         )
         self.walks = ArrayWalks(
             store, self.listings, budget=flat_keys, ttl=ttl, clock=clock, workers=workers
