@@ -194,11 +194,13 @@ class NameListings(Protocol):
     also gives each key's size and mtime (a directory on disk: one ``scandir`` tells each
     entry's kind; its size is one ``stat`` more per entry, several times the ``scandir``)."""
 
-    def list_names(self, prefix: str) -> tuple[Sequence[str], Sequence[str]]:
+    def list_names(self, prefix: str) -> tuple[Sequence[bytes], Sequence[bytes]]:
         """The names (relative to ``prefix``, ``""`` or ``"a/b/"``) of the keys directly
         below ``prefix`` and of its sub-prefixes, in no particular order: the keys and
         prefixes ``list(prefix)`` shows, without their sizes and times (``stat`` of a key
-        answers those)."""
+        answers those). Each name is its UTF-8 bytes (``surrogateescape``: a file name's own
+        bytes): a million names as ``bytes`` hold half what they hold as ``str``, and the
+        caller keeps them as bytes."""
         ...
 
 

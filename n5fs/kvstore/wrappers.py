@@ -134,7 +134,7 @@ class ForwardingStore(KvStore):
         files = local_files(self.inner)
         return None if files is None else files.local_folder(prefix)
 
-    def list_names(self, prefix: str) -> tuple[Sequence[str], Sequence[str]]:
+    def list_names(self, prefix: str) -> tuple[Sequence[bytes], Sequence[bytes]]:
         names = name_listings(self.inner)
         if names is None:
             raise NotSupported(f"{type(self.inner).__name__} lists no names alone")

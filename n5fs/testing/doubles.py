@@ -341,7 +341,7 @@ class CountingStore(ForwardingStore):
     def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
         return self._run(Call("list", (prefix,)), lambda: self.inner.list(prefix, delimiter))
 
-    def list_names(self, prefix: str) -> tuple[Sequence[str], Sequence[str]]:
+    def list_names(self, prefix: str) -> tuple[Sequence[bytes], Sequence[bytes]]:
         """Recorded and hooked as a ``list`` of the folder: it is one (without sizes)."""
         return self._run(
             Call("list", (prefix,)), lambda: super(CountingStore, self).list_names(prefix)

@@ -185,8 +185,10 @@ class KvStoreContract(abc.ABC):
         for prefix in ("", "nl/", "nl/sub/", "absent/"):
             listing = store.list(prefix)
             files, folders = names.list_names(prefix)
-            assert sorted(files) == sorted(k.key[len(prefix) :] for k in listing.keys)
-            assert sorted(folders) == sorted(p[len(prefix) : -1] for p in listing.prefixes)
+            named = sorted(n.decode("utf-8", "surrogateescape") for n in files)
+            assert named == sorted(k.key[len(prefix) :] for k in listing.keys)
+            named = sorted(n.decode("utf-8", "surrogateescape") for n in folders)
+            assert named == sorted(p[len(prefix) : -1] for p in listing.prefixes)
 
     def test_delete(self, store: KvStore) -> None:
         self.seed(store, "d/k", b"x")

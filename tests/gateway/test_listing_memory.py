@@ -59,8 +59,7 @@ def test_a_listing_of_names_stats_each_file_once_when_asked() -> None:
         asked.append(key)
         return None if key.endswith("gone") else KeyInfo(key, len(key), 7.0)
 
-    packed = PackedFiles.of_names("d/", ["b", "gone", "a"], stat_key)
-    assert packed is not None
+    packed = PackedFiles.of_names("d/", [b"b", b"gone", b"a"], stat_key)
     assert list(packed) == ["a", "b", "gone"]
     assert "gone" in packed  # listed; no stat to say so
     assert asked == []
@@ -131,7 +130,7 @@ def test_a_dir_listing_of_names_stats_nothing_until_attributes_are_asked() -> No
         asked.append(key)
         return KeyInfo(key, 1, 2.0)
 
-    entries = DirEntries.from_names("d/", ["x", "y"], ["sub"], stat_key)
+    entries = DirEntries.from_names("d/", [b"x", b"y"], [b"sub"], stat_key)
     packed = entries.files.packed()
     assert packed is not None
     listing = DirListing(packed, {"sub": Attr(EntryKind.DIR)}, writable=False)
@@ -144,7 +143,7 @@ def test_a_dir_listing_of_names_stats_nothing_until_attributes_are_asked() -> No
 
 def test_a_packed_listing_costs_under_100_bytes_per_chunk_file() -> None:
     """Measured: what a folder's listing of 20,000 chunk names holds once made."""
-    names = [f"{i}.{j}" for i in range(200) for j in range(100)]
+    names = [f"{i}.{j}".encode() for i in range(200) for j in range(100)]
     gc.collect()
     tracemalloc.start()
     try:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 CONTROL = ".n5fs"
 CONTROL_FILES = ("rejections", "stats.json")
+_CONTROL_RAW = CONTROL.encode()
 
 
 class EntryKind(enum.Enum):
@@ -67,11 +68,22 @@ _PACKED_ENTRY = 16
 _OBJECT_ENTRY = 250
 
 
+def _joined(pieces: list[bytes]) -> bytes:
+    """``b"".join(pieces)`` a slice at a time: a join holds a buffer view of 80 bytes per
+    piece while it runs (80 MB for a million names, three times the names themselves)."""
+    step = 8192
+    if len(pieces) <= step:
+        return b"".join(pieces)
+    return b"".join([b"".join(pieces[i : i + step]) for i in range(0, len(pieces), step)])
+
+
 def _offsets(pieces: list[bytes]) -> array[int]:
     """Where each piece starts in ``b"".join(pieces)``, and the end: ``len(pieces) + 1``
     offsets, four bytes each while the blob is under 4 GiB."""
-    ends = array("Q", itertools.accumulate(map(len, pieces), initial=0))
-    return array("I", ends) if ends[-1] < 1 << 32 else ends
+    try:
+        return array("I", itertools.accumulate(map(len, pieces), initial=0))
+    except OverflowError:
+        return array("Q", itertools.accumulate(map(len, pieces), initial=0))
 
 
 class PackedFiles(Mapping[str, "KeyInfo"]):
@@ -104,11 +116,11 @@ class PackedFiles(Mapping[str, "KeyInfo"]):
         """``names`` sorted, encoded as :data:`ENCODING` says; ``etags`` each encoded, b"\\0"
         for none (None: the store keeps none)."""
         self._prefix = prefix
-        self._blob = b"".join(names)
+        self._blob = _joined(names)
         self._offsets = _offsets(names)
         self._sizes = sizes
         self._mtimes = mtimes
-        self._etags = None if etags is None else (b"".join(etags), _offsets(etags))
+        self._etags = None if etags is None else (_joined(etags), _offsets(etags))
         self._stat = stat_key
 
     # -- making ---------------------------------------------------------------------------------
@@ -142,16 +154,13 @@ class PackedFiles(Mapping[str, "KeyInfo"]):
 
     @classmethod
     def of_names(
-        cls, prefix: str, names: Sequence[str], stat_key: Callable[[str], KeyInfo | None]
-    ) -> PackedFiles | None:
-        """The files named ``names`` (any order), each size and mtime asked of
-        ``stat_key(prefix + name)`` when first wanted; None as :meth:`of_infos`."""
-        try:
-            raw = sorted(name.encode(ENCODING, ERRORS) for name in names)
-        except UnicodeEncodeError:
-            return None
-        unknown = array("q", [UNKNOWN]) * len(raw)
-        return cls(prefix, raw, unknown, array("d", bytes(8 * len(raw))), None, stat_key)
+        cls, prefix: str, names: list[bytes], stat_key: Callable[[str], KeyInfo | None]
+    ) -> PackedFiles:
+        """The files named ``names`` (encoded as :data:`ENCODING` says, any order; sorted in
+        place), each size and mtime asked of ``stat_key(prefix + name)`` when first wanted."""
+        names.sort()
+        unknown = array("q", [UNKNOWN]) * len(names)
+        return cls(prefix, names, unknown, array("d", bytes(8 * len(names))), None, stat_key)
 
     def changed(self, added: Mapping[str, KeyInfo], removed: Collection[str]) -> PackedFiles | None:
         """A new packing: these files less ``removed`` and those ``added`` replaces, plus
@@ -470,21 +479,18 @@ class DirEntries:
     def from_names(
         cls,
         prefix: str,
-        files: Sequence[str],
-        dirs: Sequence[str],
+        files: Sequence[bytes],
+        dirs: Sequence[bytes],
         stat_key: Callable[[str], KeyInfo | None],
     ) -> DirEntries:
-        """A listing of names alone (:class:`~n5fs.kvstore.abilities.NameListings`): each
-        file's size and mtime asked of ``stat_key`` when first wanted."""
-        folders = set(dirs)
-        if not prefix:
-            files = [name for name in files if name != CONTROL]
+        """A listing of names alone (:class:`~n5fs.kvstore.abilities.NameListings`, names as
+        their bytes): each file's size and mtime asked of ``stat_key`` when first wanted."""
+        folders = {name.decode(ENCODING, ERRORS) for name in dirs}
+        names = files if isinstance(files, list) else [*files]
+        if not prefix:  # the control name shadows any stored key of the same name
+            names = [name for name in names if name != _CONTROL_RAW]
             folders.discard(CONTROL)
-        packed = PackedFiles.of_names(prefix, files, stat_key)
-        if packed is None:  # a name that cannot be packed: ask each file now, as a LIST would
-            infos = [stat_key(prefix + name) for name in files]
-            return cls(_file_map(prefix, [i for i in infos if i is not None]), frozenset(folders))
-        return cls(FileMap(packed), frozenset(folders))
+        return cls(FileMap(PackedFiles.of_names(prefix, names, stat_key)), frozenset(folders))
 
 
 def _file_map(prefix: str, infos: Collection[KeyInfo]) -> FileMap:

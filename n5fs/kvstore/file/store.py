@@ -358,14 +358,14 @@ class FileStore(KvStore):
         prefixes.sort()
         return Listing(tuple(keys), tuple(prefixes))
 
-    def list_names(self, prefix: str) -> tuple[Sequence[str], Sequence[str]]:
+    def list_names(self, prefix: str) -> tuple[Sequence[bytes], Sequence[bytes]]:
         """:class:`~n5fs.kvstore.abilities.NameListings`: what :meth:`list` shows of folder
         ``prefix`` (``""`` or ``"a/b/"``), names only, from the kinds ``scandir`` reports: no
         ``stat`` per entry (a million chunks of one folder: seconds less). A symlink is asked
         as :meth:`list` asks it (a file inside the root is a key, anything else is none)."""
         check_prefix(prefix)
-        files: list[str] = []
-        folders: list[str] = []
+        files: list[bytes] = []
+        folders: list[bytes] = []
         directory = self._listed_folder(prefix)
         if directory is None:
             return files, folders
@@ -383,13 +383,13 @@ class FileStore(KvStore):
                         continue
                     try:
                         if entry.is_file(follow_symlinks=False):
-                            files.append(name)
+                            files.append(name.encode("utf-8", "surrogateescape"))
                         elif entry.is_dir(follow_symlinks=False):
-                            folders.append(name)
+                            folders.append(name.encode("utf-8", "surrogateescape"))
                         elif entry.is_symlink():
                             st = self._linked_stat(os.path.join(directory, name), prefix + name)
                             if st is not None:
-                                files.append(name)
+                                files.append(name.encode("utf-8", "surrogateescape"))
                     except FileNotFoundError:  # (a kind unknown to scandir: gone since)
                         continue
         finally:
