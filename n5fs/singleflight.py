@@ -33,6 +33,12 @@ the store busy a quarter of the time at most), plus one refresh. A quick load is
 caller sees the store as it is then). Only expiry is served stale: an invalidation (a commit)
 drops the value, and the next caller waits for a fresh one.
 
+With ``weigh`` and ``max_bytes`` (the gateway's folder listings), the values are weighed (about
+the bytes each holds) and the least recently used are dropped while the weights together
+exceed ``max_bytes``: memory is bounded by bytes, not only by the number of entries. The value
+stored last always stays (one folder larger than the whole budget is cached alone, not listed
+at every question). A dropped value is loaded again at the next question, as an expired one.
+
 Lock discipline: one internal lock guards the entries and the flight table; it is held only for
 dictionary operations, never while a loader runs, so a loader may use other caches (the
 detector's loads of a folder use its parent's entry). It is a leaf of the gateway's lock order
@@ -45,6 +51,7 @@ gateway both use it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import OrderedDict
@@ -133,11 +140,14 @@ class _Entry(Generic[V]):
     error: BaseException | None = None
     #: how long the load took (from when it began to when it arrived)
     took: float = 0.0
+    #: what ``weigh`` said of the value (0 without ``weigh``)
+    weight: int = 0
 
 
 class LoadingCache(Generic[V]):
     """str-keyed answers, fresh for ``ttl`` seconds (None: until invalidated); LRU past
-    ``max_entries``. See the module docstring for the flight rules."""
+    ``max_entries``, and past ``max_bytes`` of ``weigh``-ed values. See the module docstring
+    for the flight rules."""
 
     def __init__(
         self,
@@ -148,6 +158,8 @@ class LoadingCache(Generic[V]):
         negative: tuple[type[BaseException], ...] = (),
         revalidate_after: float | None = None,
         workers: Workers | None = None,
+        weigh: Callable[[V], int] | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         """``workers``: whose ``n5fs-refresh`` pool runs the refreshes (a gateway's: declared
         on it here); None: a :class:`~n5fs.workers.Workers` of this cache's own, made at the
@@ -157,6 +169,10 @@ class LoadingCache(Generic[V]):
         self._clock = clock
         self._negative = negative
         self._data: OrderedDict[str, _Entry[V]] = OrderedDict()
+        self._weigh = weigh
+        self.max_bytes = max_bytes
+        self._bytes = 0  # the weights of the entries in _data
+        self.evicted = 0  # entries dropped for room (count or bytes)
         self._flights: dict[str, _Flight[V]] = {}
         self._batches: list[Batch[V]] = []
         self._lock = ranked_lock("loading cache", LEAF)
@@ -182,7 +198,7 @@ class LoadingCache(Generic[V]):
             return None
         if self.ttl is not None and now - entry.arrived >= self._lifetime(entry):
             if drop and not self._serves_stale(entry):
-                del self._data[key]
+                self._drop(key)
             return None
         self._data.move_to_end(key)
         return entry
@@ -285,7 +301,7 @@ class LoadingCache(Generic[V]):
             elif flight.stale:
                 self.discarded += 1
             else:  # a failed load: an expired value it was refreshing must not outlive it
-                self._data.pop(key, None)  # (the next caller loads, and sees the failure)
+                self._drop(key)  # (the next caller loads, and sees the failure)
         flight.done.set()
 
     def batch(self, prefix: str) -> Batch[V]:
@@ -317,11 +333,35 @@ class LoadingCache(Generic[V]):
 
     # -- writing -------------------------------------------------------------------------------
 
+    def _weighed(self, entry: _Entry[V]) -> _Entry[V]:
+        if self._weigh is None or entry.value is None:
+            return entry
+        return dataclasses.replace(entry, weight=self._weigh(entry.value))
+
     def _store(self, key: str, entry: _Entry[V]) -> None:
+        """Put ``entry`` under ``key``, most recently used, then drop the least recently used
+        entries past the bounds (never this one: it is the last)."""
+        entry = self._weighed(entry)
+        self._drop(key)
         self._data[key] = entry
-        self._data.move_to_end(key)
-        while len(self._data) > self.max_entries:
-            self._data.popitem(last=False)
+        self._bytes += entry.weight
+        limit = self.max_bytes
+        while len(self._data) > self.max_entries or (
+            limit is not None and self._bytes > limit and len(self._data) > 1
+        ):
+            self._drop(next(iter(self._data)))
+            self.evicted += 1
+
+    def _drop(self, key: str) -> None:
+        entry = self._data.pop(key, None)
+        if entry is not None:
+            self._bytes -= entry.weight
+
+    @property
+    def nbytes(self) -> int:
+        """The weights of the values held (0 without ``weigh``)."""
+        with self._lock:
+            return self._bytes
 
     def put(self, key: str, value: V) -> None:
         with self._lock:
@@ -338,9 +378,10 @@ class LoadingCache(Generic[V]):
             self._ground(key)
             entry = self._fresh(key, self._clock())
             if entry is None or entry.value is None:
-                self._data.pop(key, None)  # a negative entry says nothing about the change
+                self._drop(key)  # a negative entry says nothing about the change
                 return False
-            self._data[key] = _Entry(entry.arrived, change(entry.value), took=entry.took)
+            changed = _Entry(entry.arrived, change(entry.value), took=entry.took)
+            self._store(key, changed)
             return True
 
     def _ground(self, key: str) -> None:
@@ -356,7 +397,7 @@ class LoadingCache(Generic[V]):
     def invalidate(self, key: str) -> None:
         with self._lock:
             self._ground(key)
-            self._data.pop(key, None)
+            self._drop(key)
 
     def invalidate_prefix(self, prefix: str) -> int:
         with self._lock:
@@ -368,7 +409,7 @@ class LoadingCache(Generic[V]):
                     batch.touched_under.append((prefix, now))
             stale = [k for k in self._data if k.startswith(prefix)]
             for key in stale:
-                del self._data[key]
+                self._drop(key)
             return len(stale)
 
     def clear(self) -> None:
@@ -379,6 +420,7 @@ class LoadingCache(Generic[V]):
             for batch in self._batches:
                 batch.touched_under.append(("", now))
             self._data.clear()
+            self._bytes = 0
 
     def __len__(self) -> int:
         with self._lock:

@@ -35,6 +35,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
 from n5fs.fuse_front.attrs import BLKSIZE, StatMaker
+from n5fs.gateway.namespace.paths import ENCODING, ERRORS, DirListing
 from n5fs.gateway.read.reader import PageCache
 
 if TYPE_CHECKING:
@@ -299,7 +300,13 @@ def _entries_from(
 ) -> Iterator[tuple[int, str, Attr | None]]:
     """``.``, ``..`` and the snapshot taken at opendir, numbered from 1 so the kernel can
     resume at any offset without the listing being rebuilt (50k entries need ~275 calls)."""
-    entries = ops.dir_listing(path, fh, offset)
+    return _numbered(ops.dir_listing(path, fh, offset), offset)
+
+
+def _numbered(
+    entries: Sequence[tuple[str, Attr]], offset: int
+) -> Iterator[tuple[int, str, Attr | None]]:
+    """:func:`_entries_from` of a snapshot at hand."""
     if offset < 1:
         yield 1, ".", None
     if offset < 2:
@@ -399,9 +406,10 @@ if IS_MFUSEPY:
             mode = ops.to_stat.mode
             encoding, errors = self.encoding, self.errors
             v2 = LIBFUSE_VERSION[0] == 2
-            for next_offset, name, attr in _entries_from(
-                ops, self._path(path), fip.contents.fh, offset
-            ):
+            entries = ops.dir_listing(self._path(path), fip.contents.fh, offset)
+            if isinstance(entries, DirListing) and (encoding, errors) == (ENCODING, ERRORS):
+                return self._fill_listing(entries, buf, filler, offset, plus)
+            for next_offset, name, attr in _numbered(entries, offset):
                 flags = 0
                 if attr is None:
                     st.st_mode = _DOT_MODE
@@ -417,6 +425,48 @@ if IS_MFUSEPY:
                     else filler(buf, raw, st, next_offset, flags)
                 )
                 if full != 0:
+                    break
+            return 0
+
+        def _fill_listing(
+            self, entries: DirListing, buf: Any, filler: Any, offset: int, plus: bool
+        ) -> int:
+            """:meth:`_fill` from a :class:`DirListing`: each stored file's name goes to the
+            kernel as the bytes the listing keeps, and its attributes are made (a ``stat`` in
+            a listing of names) only for a READDIRPLUS request: the listing never becomes
+            ``(name, Attr)`` pairs, nor a name a ``str``."""
+            ops = self.operations
+            st = _fuse.c_stat()
+            fill = _StatFiller(st, ops.to_stat)
+            mode = ops.to_stat.mode
+            file_mode = mode(entries.file_attr)
+            # The kernel asks for attributes at a folder's first request whatever the reader
+            # will do, and later only once lookups showed it someone stats the entries: ``ls
+            # -l``, not ``ls`` or ``find``. So the first request gets the attributes known
+            # without a ``stat`` (a listing of names knows none), the later ones all.
+            ask = offset > 0
+            v2 = LIBFUSE_VERSION[0] == 2
+
+            def add(raw: bytes, at: int, flags: int) -> int:
+                return int(filler(buf, raw, st, at) if v2 else filler(buf, raw, st, at, flags))
+
+            st.st_mode = _DOT_MODE
+            if offset < 1 and add(b".", 1, 0) != 0:
+                return 0
+            if offset < 2 and add(b"..", 2, 0) != 0:
+                return 0
+            for index, raw, attr in entries.raw_from(max(offset - 2, 0)):
+                flags = 0
+                if plus:
+                    attr = attr or entries.stored_attr(index, ask=ask)
+                    if attr is not None:
+                        fill(attr)
+                        flags = FUSE_FILL_DIR_PLUS
+                    else:  # a plain entry: the kernel looks it up if it is stat-ed
+                        st.st_mode = file_mode
+                else:
+                    st.st_mode = file_mode if attr is None else mode(attr)
+                if add(raw, index + 3, flags) != 0:
                     break
             return 0
 

@@ -21,6 +21,11 @@ holding one): node locks (in key order) -> commit-order folder locks
 tables, counters); each lock is made with its rank by :mod:`n5fs.locking`, which checks the
 order on every acquire when ``N5FS_DEBUG_LOCKS=1``. Cache loads (a LIST, a detection) run
 outside every cache lock and are shared between threads. ``docs/semantics.md`` ("Consistency and concurrency") is the contract.
+
+Memory: ``cache_bytes`` is one budget for what the mount caches, shared out here: the folder
+listings may hold a :data:`LISTING_SHARE`-th of it (weighed by their bytes, the least recently
+used dropped past it), the byte cache the rest; staged writes have their own
+(``staging_bytes``).
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ from n5fs.gateway.write.staging import StagingBudget
 from n5fs.kvstore.abilities import Durability, listed_times, settable_durability
 from n5fs.kvstore.keys import folders_above
 from n5fs.workers import Workers
+
+#: the folder listings may hold ``cache_bytes`` over this; the byte cache holds the rest (packed,
+#: a million chunk files' listings take some 30 MB: the default's quarter holds two million)
+LISTING_SHARE = 4
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -112,6 +121,7 @@ class Gateway:
             workers=self.workers,
             show_control=cfg.show_control,
             flat_keys=cfg.flat_list_keys,
+            max_bytes=cfg.cache_bytes // LISTING_SHARE,
         )
         self.conditional = (
             Conditional(store, reason="read-only mount")
@@ -120,7 +130,7 @@ class Gateway:
         )
         self.reader = ObjectReader(
             store,
-            cache_bytes=cfg.cache_bytes,
+            cache_bytes=cfg.cache_bytes - cfg.cache_bytes // LISTING_SHARE,
             small_object=cfg.small_object,
             readahead=cfg.readahead,
             workers=self.workers,
@@ -188,7 +198,7 @@ class Gateway:
         """Like stat, but None when absent."""
         return self.view.lookup(path_to_key(path))
 
-    def readdir(self, path: str) -> list[tuple[str, Attr]]:
+    def readdir(self, path: str) -> Sequence[tuple[str, Attr]]:
         return self.view.readdir(path_to_key(path))
 
     def readlink(self, path: str) -> str:

@@ -17,12 +17,16 @@ kinds of extras, kept apart on purpose:
   (a value written from its pieces, never joined), :class:`ListedTimes` (listings that can
   show kept mtimes, at a price the caller chooses to pay), :class:`WriteBack` (writes
   acknowledged from a local journal, durable in the store when asked). Each is a runtime-checkable
+
+
+show kept mtimes, at a price the caller chooses to pay), :class:`NameListings` (listings of
+names alone, where a size costs a call per key). Each is a runtime-checkable
   :class:`typing.Protocol`, and a driver has one exactly when it has the methods: nothing
   on :class:`~n5fs.kvstore.base.KvStore` stands in for them.
 
 Ask for an ability through its function here (:func:`local_files`,
 :func:`conditional_writes`, :func:`settable_durability`, :func:`part_writes`,
-:func:`listed_times`, :func:`write_back`), which answers
+:func:`listed_times`, :func:`name_listings`, :func:`write_back`), which answers
 the store as that protocol, or None; never by ``isinstance`` on a store of unknown kind.
 Why: a wrapper (:class:`~n5fs.kvstore.wrappers.ForwardingStore`, the test doubles) carries
 the methods of every ability it passes on, whatever it wraps, so ``isinstance`` would claim
@@ -55,6 +59,7 @@ __all__ = [
     "Durability",
     "ListedTimes",
     "LocalFiles",
+    "NameListings",
     "PartWrites",
     "SettableDurability",
     "StoreTraits",
@@ -63,6 +68,7 @@ __all__ = [
     "has_ability",
     "listed_times",
     "local_files",
+    "name_listings",
     "part_writes",
     "settable_durability",
     "write_back",
@@ -206,6 +212,22 @@ class WriteBack(Protocol):
         ...
 
 
+@runtime_checkable
+class NameListings(Protocol):
+    """A store that lists the names under a prefix for much less than :meth:`list`, which
+    also gives each key's size and mtime (a directory on disk: one ``scandir`` tells each
+    entry's kind; its size is one ``stat`` more per entry, several times the ``scandir``)."""
+
+    def list_names(self, prefix: str) -> tuple[Sequence[bytes], Sequence[bytes]]:
+        """The names (relative to ``prefix``, ``""`` or ``"a/b/"``) of the keys directly
+        below ``prefix`` and of its sub-prefixes, in no particular order: the keys and
+        prefixes ``list(prefix)`` shows, without their sizes and times (``stat`` of a key
+        answers those). Each name is its UTF-8 bytes (``surrogateescape``: a file name's own
+        bytes): a million names as ``bytes`` hold half what they hold as ``str``, and the
+        caller keeps them as bytes."""
+        ...
+
+
 # == asking =========================================================================================
 
 
@@ -247,3 +269,8 @@ def listed_times(store: KvStore) -> ListedTimes | None:
 def write_back(store: KvStore) -> WriteBack | None:
     """``store`` as :class:`WriteBack`, None where writes are acknowledged by the store."""
     return store if isinstance(store, WriteBack) and store.has_ability(WriteBack) else None
+
+
+def name_listings(store: KvStore) -> NameListings | None:
+    """``store`` as :class:`NameListings`, None where a listing brings sizes anyway."""
+    return store if isinstance(store, NameListings) and store.has_ability(NameListings) else None

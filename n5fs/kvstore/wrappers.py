@@ -19,10 +19,12 @@ from n5fs.kvstore.abilities import (
     ConditionalWrites,
     ListedTimes,
     LocalFiles,
+    NameListings,
     SettableDurability,
     conditional_writes,
     listed_times,
     local_files,
+    name_listings,
     settable_durability,
 )
 from n5fs.kvstore.base import ByteRange, KeyInfo, KvStore, Listing
@@ -51,9 +53,10 @@ class ForwardingStore(KvStore):
     #: the abilities of the inner store this wrapper passes on (:mod:`n5fs.kvstore.abilities`):
     #: it has the methods of each, which forward, and has the ability only where the inner
     #: store has it. Not :class:`PartWrites`: a subclass that changes ``set`` (a double that
-    #: counts or fails writes) would be gone around; a wrapper writes a value whole.
+    #: counts or fails writes) would be gone around; a wrapper writes a value whole. A
+    #: subclass that changes what ``list`` shows (or fails it) leaves :class:`NameListings` out.
     passes_on: ClassVar[frozenset[type]] = frozenset(
-        {LocalFiles, ConditionalWrites, SettableDurability, ListedTimes}
+        {LocalFiles, ConditionalWrites, SettableDurability, ListedTimes, NameListings}
     )
 
     def has_ability(self, kind: type) -> bool:
@@ -130,6 +133,12 @@ class ForwardingStore(KvStore):
     def local_folder(self, prefix: str) -> str | None:
         files = local_files(self.inner)
         return None if files is None else files.local_folder(prefix)
+
+    def list_names(self, prefix: str) -> tuple[Sequence[bytes], Sequence[bytes]]:
+        names = name_listings(self.inner)
+        if names is None:
+            raise NotSupported(f"{type(self.inner).__name__} lists no names alone")
+        return names.list_names(prefix)
 
     def get_versioned(self, key: str) -> Versioned | None:
         return self._conditional().get_versioned(key)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, TypeAlias, TypeVar
 
 from n5fs.errors import N5fsError, StoreUnavailable
-from n5fs.kvstore.abilities import LocalFiles
+from n5fs.kvstore.abilities import LocalFiles, NameListings
 from n5fs.kvstore.wrappers import ForwardingStore
 
 if TYPE_CHECKING:
@@ -341,6 +341,12 @@ class CountingStore(ForwardingStore):
     def list(self, prefix: str = "", delimiter: str | None = "/") -> Listing:
         return self._run(Call("list", (prefix,)), lambda: self.inner.list(prefix, delimiter))
 
+    def list_names(self, prefix: str) -> tuple[Sequence[bytes], Sequence[bytes]]:
+        """Recorded and hooked as a ``list`` of the folder: it is one (without sizes)."""
+        return self._run(
+            Call("list", (prefix,)), lambda: super(CountingStore, self).list_names(prefix)
+        )
+
     def walk(self, prefix: str = "") -> Iterator[KeyInfo]:
         call = Call("walk", (prefix,))
         self._before(call)
@@ -482,9 +488,10 @@ class FaultyStore(ForwardingStore):
         "set_if",
         "leftovers",
     )
-    #: not :class:`~n5fs.kvstore.abilities.LocalFiles`: a reader of the local files would go
-    #: around the faults ``get`` injects
-    passes_on = ForwardingStore.passes_on - {LocalFiles}
+    #: not :class:`~n5fs.kvstore.abilities.LocalFiles` nor
+    #: :class:`~n5fs.kvstore.abilities.NameListings`: a reader of the local files, or a lister
+    #: of names, would go around the faults ``get`` and ``list`` inject
+    passes_on = ForwardingStore.passes_on - {LocalFiles, NameListings}
 
     def __init__(self, inner: KvStore) -> None:
         super().__init__(inner)

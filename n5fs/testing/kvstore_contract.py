@@ -27,10 +27,12 @@ from n5fs.errors import (
 from n5fs.kvstore.abilities import (
     ConditionalWrites,
     LocalFiles,
+    NameListings,
     PartWrites,
     SettableDurability,
     conditional_writes,
     has_ability,
+    name_listings,
     part_writes,
 )
 from n5fs.kvstore.base import ByteRange, KvStore, Versioned
@@ -45,7 +47,13 @@ if TYPE_CHECKING:
 KEYS = ["a", "x/0.0", "n5/0/1/2", "sp ace/ü+%=", ".zarray", "deep/a/b/c/d/e/f/attributes.json"]
 BAD_KEYS = ["../x", "/abs", "a//b", "a/./b", "a/../b", "a\x00b", "", "a/"]
 #: the optional abilities a store may have
-ABILITIES: tuple[type, ...] = (LocalFiles, ConditionalWrites, SettableDurability, PartWrites)
+ABILITIES: tuple[type, ...] = (
+    LocalFiles,
+    ConditionalWrites,
+    SettableDurability,
+    PartWrites,
+    NameListings,
+)
 #: a time set_mtime gives (2001-09-09, with a fraction every store can keep)
 MTIME = 1_000_000_000.25
 
@@ -163,7 +171,24 @@ class KvStoreContract(abc.ABC):
         ):
             assert has or not has_ability(wrapper, kind), type(wrapper).__name__
         assert not has_ability(FaultyStore(store), LocalFiles)
+        assert not has_ability(FaultyStore(store), NameListings)
         assert has_ability(ReadOnlyStore(store), LocalFiles) is has_ability(store, LocalFiles)
+
+    def test_names_alone_are_what_a_listing_shows(self, store: KvStore) -> None:
+        """:class:`NameListings`: the names of a folder's keys and sub-prefixes, as ``list``
+        shows them (a store without the ability has nothing to check)."""
+        names = name_listings(store)
+        if names is None:
+            return
+        for key in ("nl/a", "nl/b.1", "nl/sub/c", "nl/sub/deep/d", "nl2/e"):
+            self.seed(store, key, b"x")
+        for prefix in ("", "nl/", "nl/sub/", "absent/"):
+            listing = store.list(prefix)
+            files, folders = names.list_names(prefix)
+            named = sorted(n.decode("utf-8", "surrogateescape") for n in files)
+            assert named == sorted(k.key[len(prefix) :] for k in listing.keys)
+            named = sorted(n.decode("utf-8", "surrogateescape") for n in folders)
+            assert named == sorted(p[len(prefix) : -1] for p in listing.prefixes)
 
     def test_delete(self, store: KvStore) -> None:
         self.seed(store, "d/k", b"x")

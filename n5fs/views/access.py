@@ -35,7 +35,7 @@ from n5fs.gateway.read.byte_cache import Counters
 from n5fs.kvstore.base import ByteRange
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from n5fs.gateway import Gateway
     from n5fs.gateway.read.byte_cache import Version
@@ -89,7 +89,7 @@ class StoreAccess:
         attr = self.lookup(key)
         return attr if attr is not None and attr.kind is EntryKind.FILE else None
 
-    def listing(self, key: str) -> list[tuple[str, Attr]]:
+    def listing(self, key: str) -> Sequence[tuple[str, Attr]]:
         return self.gateway.readdir("/" + key)
 
     # -- bytes ---------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ class View:
     def readdir(self, path: str) -> list[tuple[str, Attr]]:
         key = path_to_key(path)
         if is_control(key):
-            listing = self.gateway.readdir(path)
+            listing = list(self.gateway.readdir(path))
             if key == CONTROL:
                 listing.append((VIEW_STATS.rpartition("/")[2], self.stat("/" + VIEW_STATS)))
             return sorted(listing)

@@ -372,3 +372,14 @@ def test_a_temp_file_renamed_at_once_is_never_uploaded_under_its_temp_name(
     assert inner.count("set", "a/0.123.partial") == 0
     assert inner.count("rename") == 0
     store.close()
+
+
+def test_readers_of_local_files_and_names_never_go_around_the_journal(tmp_path: Path) -> None:
+    from n5fs.kvstore.abilities import local_files, name_listings
+
+    inner = FileStore(str(tmp_path / "data"))
+    assert local_files(inner) is not None
+    store = make(inner, tmp_path / "state")
+    assert local_files(store) is None
+    assert name_listings(store) is None
+    store.close()

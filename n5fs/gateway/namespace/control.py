@@ -110,6 +110,8 @@ class ControlEntries:
             "listing_hits": listings.hits,
             "listing_misses": listings.misses,
             "listing_loads_discarded": listings.discarded,
+            "listing_bytes": listings.nbytes,
+            "listings_evicted": listings.evicted,
             "store_reads": self.reader.store_reads,
             "bytes_out": self.reader.bytes_out,
             "cache_hits": cache.hits,

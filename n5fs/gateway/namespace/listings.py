@@ -6,7 +6,12 @@ State and locks:
 - listings: a :class:`~n5fs.singleflight.LoadingCache` of immutable :class:`DirEntries` (one
   LIST per folder however many threads miss it; a LIST that began before one of our commits is
   never stored; our commits replace the cached value with a patched copy, so a committed name
-  is visible to ``stat`` and ``readdir`` the moment the commit returns);
+  is visible to ``stat`` and ``readdir`` the moment the commit returns). Each is packed
+  (:class:`~n5fs.gateway.namespace.paths.PackedFiles`, some 30 bytes a chunk file) and weighed
+  by its bytes: past ``max_bytes`` the least recently used are dropped, and listed again when
+  next asked (a commit to a dropped folder patches nothing: the next LIST sees it). On a
+  store with :class:`~n5fs.kvstore.abilities.NameListings` (a local disk) a folder is listed
+  by names, and a file's size and mtime come from one ``stat`` when first asked;
 - walks (:mod:`~n5fs.gateway.namespace.walks`, its own locks): on a store that prefers flat listings,
   a miss of a folder of an array's chunk tree waits for one flat listing of the array (or of
   the part of it holding the folder), which fills the listing of every folder it passes
@@ -27,6 +32,7 @@ Nothing here writes to the store except ``make_prefix``/``remove_prefix`` for di
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import time
@@ -42,18 +48,20 @@ from n5fs.gateway.namespace.paths import (
     CONTROL_FILES,
     Attr,
     DirEntries,
+    DirListing,
     EntryKind,
     FileMap,
     is_control,
 )
 from n5fs.gateway.namespace.walks import ArrayWalks
 from n5fs.gateway.read.byte_cache import LoadingCache
+from n5fs.kvstore.abilities import name_listings
 from n5fs.kvstore.base import KeyInfo
 from n5fs.kvstore.keys import basename, dir_prefix, folder_of, parent
 from n5fs.locking import LEAF, ranked_lock
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from n5fs.detect import Detector
     from n5fs.gateway.write.handles import OpenFiles
@@ -62,6 +70,10 @@ if TYPE_CHECKING:
 
 #: the listing of a folder that holds no key
 _EMPTY = DirEntries()
+
+
+def _weight(entries: DirEntries) -> int:
+    return entries.nbytes
 
 
 #: a folder listing that took this long is served past its TTL while it is listed again
@@ -83,6 +95,7 @@ class NamespaceView:
         workers: Workers,
         show_control: bool = False,
         flat_keys: int = 100_000,
+        max_bytes: int | None = None,
     ) -> None:
         self.store = store
         self.detector = detector
@@ -92,14 +105,23 @@ class NamespaceView:
         self._control = control
         # an expired listing that took a while to read answers while it is read again (not
         # in strict consistency, whose TTL of 0 asks the store on every lookup)
+        # weighed by the bytes each holds, the least recently used dropped past ``max_bytes``
+        # (and listed again when next asked)
         self.listings: LoadingCache[DirEntries] = LoadingCache(
-            ttl, clock=clock, revalidate_after=SLOW_LISTING if ttl else None, workers=workers
+            ttl,
+            clock=clock,
+            revalidate_after=SLOW_LISTING if ttl else None,
+            workers=workers,
+            weigh=_weight,
+            max_bytes=max_bytes,
         )
         self.walks = ArrayWalks(
             store, self.listings, budget=flat_keys, ttl=ttl, clock=clock, workers=workers
         )
         self._vdirs: set[str] = set()
         self._vlock = ranked_lock("virtual directories", LEAF)
+        #: where the store lists names for less than whole listings (a local disk)
+        self._names = name_listings(store)
 
     # -- listings ------------------------------------------------------------------------------
 
@@ -112,6 +134,10 @@ class NamespaceView:
         return self.listings.load(prefix, partial(self._list_one, prefix))
 
     def _list_one(self, prefix: str) -> DirEntries:
+        names = self._names
+        if names is not None:  # a directory on disk: names and kinds now, sizes when asked
+            files, dirs = names.list_names(prefix)
+            return DirEntries.from_names(prefix, files, dirs, self.store.stat)
         return DirEntries.from_listing(prefix, self.store.list(prefix))
 
     def _absent(self, prefix: str) -> bool:
@@ -228,7 +254,9 @@ class NamespaceView:
         except KeyNotFound:
             return None
 
-    def readdir(self, key: str) -> list[tuple[str, Attr]]:
+    def readdir(self, key: str) -> Sequence[tuple[str, Attr]]:
+        """The entries of folder ``key``, sorted by name: a :class:`DirListing` over the
+        folder's cached files (no object per file until it is read), else a list."""
         if is_control(key):
             if key != CONTROL:
                 raise NotAPrefix(f"/{key}")
@@ -237,22 +265,33 @@ class NamespaceView:
             raise NotAPrefix(f"not a directory: /{key}")
         prefix = dir_prefix(key)
         entries = self.entries(prefix)  # immutable: safe to iterate while others commit
+        files = entries.files
         writable = self.writable
-        out: dict[str, Attr] = {
-            name: Attr(EntryKind.FILE, info.size, info.mtime, writable)
-            for name, info in entries.files.items()
+        # every entry but the stored files; each replaces a stored file of its name, but a
+        # link gives way to one
+        extras: dict[str, Attr] = {
+            name: Attr(EntryKind.SYMLINK, len(target), writable=writable)
+            for name, target in self.links(prefix).items()
+            if name not in files
         }
-        for name, target in self.links(prefix).items():
-            out.setdefault(name, Attr(EntryKind.SYMLINK, len(target), writable=writable))
-        out.update(self.files.pending_children(key, writable))
+        extras.update(self.files.pending_children(key, writable))
         with self._vlock:
             vdirs = [basename(v) for v in self._vdirs if parent(v) == key]
         for name in itertools.chain(entries.dirs, vdirs):
-            out[name] = Attr(EntryKind.DIR, writable=writable)
+            extras[name] = Attr(EntryKind.DIR, writable=writable)
         # /.n5fs is reachable by its path but not listed (ZFS's snapdir=hidden): cp -r, tar
         # and rsync of a mount must not carry the control entries along; -o show_control lists it
         if not key and self.show_control:
-            out[CONTROL] = Attr(EntryKind.DIR, writable=False)
+            extras[CONTROL] = Attr(EntryKind.DIR, writable=False)
+        packed = files.packed()
+        if packed is not None:
+            with contextlib.suppress(UnicodeEncodeError):  # (a name that cannot be packed)
+                return DirListing(packed, extras, writable=writable)
+        out: dict[str, Attr] = {
+            name: Attr(EntryKind.FILE, info.size, info.mtime, writable)
+            for name, info in files.items()
+        }
+        out.update(extras)
         return sorted(out.items())
 
     def links(self, prefix: str) -> dict[str, str]:

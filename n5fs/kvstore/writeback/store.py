@@ -47,7 +47,7 @@ import os
 from typing import TYPE_CHECKING, ClassVar
 
 from n5fs.errors import KeyNotFound, NoSpace, StoreUnavailable, UploadsPending
-from n5fs.kvstore.abilities import WriteBack
+from n5fs.kvstore.abilities import LocalFiles, NameListings, WriteBack
 from n5fs.kvstore.base import ByteRange, KeyInfo, Listing
 from n5fs.kvstore.keys import folder_of
 from n5fs.kvstore.wrappers import ForwardingStore
@@ -78,7 +78,11 @@ def _never(key: str) -> bool:
 class WriteBackStore(ForwardingStore):
     """``inner`` with writes acknowledged from ``journal`` (module docstring)."""
 
-    passes_on: ClassVar[frozenset[type]] = ForwardingStore.passes_on | {WriteBack}
+    #: never :class:`LocalFiles` or :class:`NameListings`: a reader of the inner store's files
+    #: or names would go around the journal (a journaled write unseen, a deleted one seen)
+    passes_on: ClassVar[frozenset[type]] = (
+        ForwardingStore.passes_on - {LocalFiles, NameListings}
+    ) | {WriteBack}
 
     def __init__(
         self,
