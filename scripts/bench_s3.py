@@ -422,6 +422,8 @@ def measure(mounts: Mounts, variant: Variant, proxy: object, work: Workload, dat
         seconds, settled = times or (time.perf_counter() - start, None)
         return Cell(seconds, dict(proxy.counts), settled=settled)  # type: ignore[attr-defined]
     except (BenchError, OSError, ValueError) as exc:
+        if mounts.fired:
+            return Cell(error=f"> {WATCHDOG:g} s (the watchdog stopped it)")
         return Cell(error=str(exc).splitlines()[0][:80])
     finally:
         mounts.stop(mount)
