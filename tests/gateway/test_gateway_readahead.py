@@ -544,3 +544,66 @@ def test_a_gateway_reads_ahead_into_the_next_folders_from_listings_past_their_tt
     gw.close()
     assert own == ["z/0/0"]
     assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))
+
+
+# == sweeps: readers on many threads, and readers going down =====================================
+
+
+def test_readers_on_many_threads_keep_the_read_ahead_going(store: CountingStore) -> None:
+    """Threads reading one folder's objects in order reach the store out of it (3 before 2):
+    a read behind the furthest one, within what the sweep read or fetched ahead, is one of
+    them, not a reader leaving the order; nothing is fetched twice or by a reader."""
+    keys = folder_of(store.inner, 24)
+    order = [0, 1, 3, 2, 5, 4, 6, 8, 7, 10, 9, 11, 13, 12, 15, 14, 16, 17, 19, 18, 21, 20, 23, 22]
+    own = own_fetches(store)
+    r = reader(store, ahead=4)
+    for at in order:
+        assert read_all(r, store, keys[at]) == store.inner.get(keys[at])
+        _drain(r)
+    r.close()
+    assert own == [keys[0]]
+    assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))
+
+
+def test_a_reader_going_down_a_folder_gets_the_objects_below_ahead(store: CountingStore) -> None:
+    """Two reads down the order (19, then 18) confirm a reader going down: the objects below
+    it come ahead, as many as above an ascending one, and none above where it started."""
+    keys = folder_of(store.inner, 30)
+    own = own_fetches(store)
+    r = reader(store, ahead=4)
+    read_all(r, store, keys[19])
+    _drain(r)
+    read_all(r, store, keys[18])
+    _drain(r)
+    assert set(store.per_key("get")) == {keys[i] for i in range(14, 20)}
+    for at in range(17, -1, -1):
+        assert read_all(r, store, keys[at]) == store.inner.get(keys[at])
+        _drain(r)
+    r.close()
+    assert own == [keys[19], keys[18]]
+    assert store.per_key("get") == Counter(dict.fromkeys(keys[:20], 1))
+
+
+def test_threads_sweeping_folders_in_any_order_within_each_get_them_ahead(
+    store: CountingStore,
+) -> None:
+    """TensorStore's file driver reads a region's chunks on a few threads, a folder at a
+    time, each folder's in an order of its own (up, down, from the last): once one folder
+    showed the sweep, every next folder's objects come ahead of its readers."""
+    keys = tree(store.inner, 6, 8)
+    within = [
+        [0, 1, 3, 2, 4, 5, 7, 6],
+        [7, 6, 5, 4, 3, 2, 1, 0],
+        [0, 7, 6, 5, 4, 3, 2, 1],
+        [2, 1, 0, 3, 4, 7, 6, 5],
+    ]
+    walk = [f"z/{row}/{col}" for row in range(6) for col in within[row % len(within)]]
+    own = own_fetches(store)
+    r = reader(store, ahead=8)
+    r.follow(listing_of(store), folders_of(store))
+    for key in walk:
+        assert read_all(r, store, key) == store.inner.get(key)
+        _drain(r)
+    r.close()
+    assert own == ["z/0/0"]
+    assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))

@@ -40,8 +40,15 @@ the fetch time over the reader's time per object (Little's law; 50 ms over 1 ms 
   end of the folder gets the first objects of the next folders fetched too: the next folder in
   the same order among the folders of the parent (climbing to the parent's next sibling and
   back down at the end of a row of a deeper chunk tree), as ``find`` walks a tree and a grid
-  reader walks an array. Any other read resets the folder's window and forgets the guess,
-  which stops the read-ahead: random access costs no fetches ahead. A first read of a folder's
+  reader walks an array. A reader following an order in steps of one is a *sweep*, and a
+  sweep may be several threads (TensorStore's file driver reads a region's chunks on a few,
+  each folder's in an order of its own): a read behind the furthest one read, within what the
+  sweep read or fetched (or a few objects below that), is one of its readers, not one leaving
+  the order; the furthest read stays where it was. A read of the object before the last one
+  (a reader going down the order), or one below everything the sweep read, gets the objects
+  below it fetched ahead instead (as deep as above an ascending reader, and nothing above).
+  Any other read resets the folder's window and forgets the guess, which stops the
+  read-ahead: random access costs no fetches ahead. A first read of a folder's
   first object with no guess to go by gets ``objects`` fetched ahead (no more: one read
   confirms nothing), and only a confirmed reader gets the :class:`Pace`'s depth or the next
   folders.
@@ -71,6 +78,7 @@ the owner's shutdown.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import statistics
@@ -305,13 +313,22 @@ def _orders(names: Iterable[str]) -> tuple[_Order, ...]:
 @dataclass(frozen=True, slots=True)
 class _Window:
     """Where a folder's last read stood: its index in the order it follows (-1: no read yet,
-    the read-ahead came here from the folder before), the last index offered ahead, and the
-    stride the reads follow (1: the order itself; 0: none yet; > 1: every stride-th)."""
+    the read-ahead came here from the folder before; in a sweep, the highest index read), the
+    last index offered ahead, and the stride the reads follow (1: the order itself; 0: none
+    yet; > 1: every stride-th). A sweep (stride 1) also records the lowest index read in it
+    (``low``, -1: none yet) and the lowest offered below that (``behind``, -1: none)."""
 
     last: int
     ahead: int
     stride: int = 1
     order: int = LISTING
+    low: int = -1
+    behind: int = -1
+
+    def floor(self) -> int:
+        """A sweep's lowest index read or offered (``last`` before any read below it)."""
+        low = self.low if self.low >= 0 else self.last
+        return min(low, self.behind) if self.behind >= 0 else low
 
 
 class _Offer(Enum):
@@ -331,6 +348,9 @@ class _Plan:
     stride: int
     confirmed: bool
     depth: int = 0  # objects ahead of the read
+    front: int = 0  # the index the objects ahead are counted from (a sweep's highest read)
+    below: int = -1  # a sweep read below everything read in it: offer down from here ...
+    bottom: int = -1  # ... to here (exclusive)
 
 
 class Prefetcher:
@@ -402,8 +422,10 @@ class Prefetcher:
             return
         names = orders[plan.order].names
         full = self._ahead_in(folder, files, names, plan)
+        if not full and plan.below > plan.bottom:
+            full = self._behind_in(folder, files, names, plan)
         if plan.confirmed and plan.stride == 1 and not full and plan.stop == len(names):
-            self._next_folders(folder, plan.order, plan.depth - (len(names) - 1 - at[plan.order]))
+            self._next_folders(folder, plan.order, plan.depth - (len(names) - 1 - plan.front))
 
     def _memo(
         self, memo: dict[str, tuple[object, tuple[_Order, ...]]], folder: str, names: Iterable[str]
@@ -429,21 +451,44 @@ class Prefetcher:
         with self._lock:
             window = self._windows.pop(folder, None)
             stride, order, confirmed = self._follows(window, at, orders)
-            index = at[order]
+            index = front = low = at[order]
+            below = bottom = behind = -1
+            down = False
             if stride:
                 ahead = depth if confirmed else min(self.objects, reach)
-                first = index + stride
+                if (
+                    stride == 1
+                    and window is not None
+                    and window.last >= 0
+                    and window.order == order
+                    and (window.stride == 1 or index == window.last - 1)
+                ):
+                    # a sweep goes on, in whatever order its readers take: its front never
+                    # moves back, and a read below all it read offers what lies below
+                    read_low = window.low if window.low >= 0 else window.last
+                    front, low, behind = (
+                        max(index, window.last),
+                        min(index, read_low),
+                        window.behind,
+                    )
+                    down = index < read_low
+                    if down:
+                        below = min(index, behind if behind >= 0 else index) - 1
+                        bottom = max(-1, index - 1 - ahead)
+                first = front + stride
                 if window is not None and (window.order, window.stride) == (order, stride):
                     first = max(first, window.ahead + stride)  # offered already up to there
-                stop = min(len(orders[order].names), index + 1 + stride * ahead)
-                done = window.ahead if window is not None and window.order == order else index
-                self._windows[folder] = _Window(index, max(index, done), stride, order)
+                stop = min(len(orders[order].names), front + 1 + stride * ahead)
+                if down:  # what lies above the sweep waits for a read up there
+                    first = stop = 0
+                done = window.ahead if window is not None and window.order == order else front
+                self._windows[folder] = _Window(front, max(front, done), stride, order, low, behind)
             else:
                 first = stop = ahead = 0
                 step = index - window.last if window is not None and window.last >= 0 else 0
                 self._windows[folder] = _Window(index, index, max(step, 0), order)
             self._trim_locked()
-        return _Plan(order, first, stop, stride, confirmed, ahead)
+        return _Plan(order, first, stop, stride, confirmed, ahead, front, below, bottom)
 
     def _follows(
         self, window: _Window | None, at: tuple[int, ...], orders: tuple[_Order, ...]
@@ -474,6 +519,10 @@ class Prefetcher:
                     return self._confirm(1, other)
         if window.last < at[order] <= window.ahead:  # within the window fetched ahead
             return self._confirm(1, order)
+        if window.stride == 1 and window.floor() - self.objects <= at[order] < window.last:
+            return self._confirm(1, order)  # behind a sweep's front: its readers' disorder
+        if step == -1:  # the object before: a reader going down the order
+            return self._confirm(1, order)
         self._stride = 0  # a read out of every pattern: guess none in the next folder
         return 0, order, False
 
@@ -501,7 +550,30 @@ class Prefetcher:
             with self._lock:
                 window = self._windows.get(folder)
                 if window is not None and window.order == plan.order and window.ahead < last:
-                    self._windows[folder] = _Window(window.last, last, window.stride, window.order)
+                    self._windows[folder] = dataclasses.replace(window, ahead=last)
+        return full
+
+    def _behind_in(
+        self, folder: str, files: Mapping[str, KeyInfo], names: list[str], plan: _Plan
+    ) -> bool:
+        """Offer the plan's objects below the sweep, downwards; record how far; True when the
+        bounds stopped it."""
+        lowest, full = None, False
+        for index in range(plan.below, plan.bottom, -1):
+            info = files.get(names[index])
+            if info is not None and self._offer(info) is _Offer.FULL:
+                full = True
+                break
+            lowest = index
+        if lowest is not None:
+            with self._lock:
+                window = self._windows.get(folder)
+                if (
+                    window is not None
+                    and window.order == plan.order
+                    and (window.behind < 0 or lowest < window.behind)
+                ):
+                    self._windows[folder] = dataclasses.replace(window, behind=lowest)
         return full
 
     def _next_folders(self, folder: str, order: int, budget: int) -> None:
