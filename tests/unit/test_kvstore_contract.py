@@ -103,11 +103,13 @@ class TestWriteBackStore(KvStoreContract):
         store.close()
 
     def seed(self, store: KvStore, key: str, value: bytes) -> None:
-        assert isinstance(store, WriteBackStore) and isinstance(store.inner, MemoryStore)
+        assert isinstance(store, WriteBackStore)
+        assert isinstance(store.inner, MemoryStore)
         store.inner._data[key] = (value, 0.0)
 
     def peek(self, store: KvStore, key: str) -> bytes | None:
-        assert isinstance(store, WriteBackStore) and isinstance(store.inner, MemoryStore)
+        assert isinstance(store, WriteBackStore)
+        assert isinstance(store.inner, MemoryStore)
         store.flush()
         entry = store.inner._data.get(key)
         return None if entry is None else entry[0]
