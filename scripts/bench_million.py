@@ -17,6 +17,9 @@ The bytes per cached entry are measured in process (``tracemalloc``): a gateway 
 flat folder, and what it still holds once the listing is cached, over the entries held.
 
     PYTHONPATH=. python scripts/bench_million.py [--chunks 1000000] [--tree DIR]
+
+To measure another checkout, run from outside any checkout with PYTHONPATH naming it: the
+daemons run ``python -m n5fs``, which imports from the current directory first.
 """
 
 from __future__ import annotations
