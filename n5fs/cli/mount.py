@@ -260,7 +260,8 @@ def run_sync(args: argparse.Namespace) -> int:
     entry = mount_entry(mountpoint)
     if entry is None or not entry.fstype.startswith("fuse"):
         raise MountFailed(f"{mountpoint} is not an n5fs mount")
-    failure = _flush_staged(mountpoint, _log_file(read_state(state_path(mountpoint))), args.timeout)
+    state = read_state(state_path(mountpoint))
+    failure = _flush_staged(mountpoint, _log_file(state), args.timeout, again="n5fs sync")
     if failure is not None:
         print(f"n5fs sync: {mountpoint}: {failure}", file=sys.stderr)
         return 1
@@ -272,7 +273,9 @@ def _log_file(state: dict[str, object] | None) -> str | None:
     return log_file if isinstance(log_file, str) else None
 
 
-def _flush_staged(mountpoint: str, log_file: str | None, timeout: float) -> str | None:
+def _flush_staged(
+    mountpoint: str, log_file: str | None, timeout: float, again: str = "n5fs unmount"
+) -> str | None:
     """Have the daemon write what its store holds staged (a zip archive's rewrite, uploads
     behind a write-back journal) while the mount is still up: an fsync of
     ``/.n5fs/stats.json`` flushes the store. Returns why it could not, or None: done, or
@@ -305,8 +308,8 @@ def _flush_staged(mountpoint: str, log_file: str | None, timeout: float) -> str 
     thread.join(timeout)
     if thread.is_alive():
         return (
-            f"its daemon is still writing what is staged after {timeout:g} s; ask again once "
-            f"it is done (or with a longer --timeout), or run n5fs unmount --discard "
+            f"its daemon is still writing what is staged after {timeout:g} s; run {again} "
+            f"again once it is done (or with a longer --timeout), or run n5fs unmount --discard "
             f"{mountpoint} to unmount anyway (a zip archive's rewrite is then lost; journaled "
             "uploads stay for the next mount)"
         )
@@ -320,8 +323,8 @@ def _flush_staged(mountpoint: str, log_file: str | None, timeout: float) -> str 
     reason = _daemon_reason(log_file, offset) or os.strerror(code)
     fix = "free space" if code == errno.ENOSPC else "fix the cause"
     return (
-        f"{reason}; the changes stay staged — {fix} and ask again, or run n5fs unmount "
-        f"--discard {mountpoint} to unmount anyway (a zip archive's rewrite is then lost; "
+        f"{reason}; the changes stay staged — {fix} and run {again} again, or run n5fs "
+        f"unmount --discard {mountpoint} to unmount anyway (a zip archive's rewrite is then lost; "
         "journaled uploads stay for the next mount)"
     )
 

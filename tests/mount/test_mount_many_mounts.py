@@ -106,6 +106,9 @@ def test_workers_write_chunks_the_moment_the_controller_creates_the_array(
     (worker2 / "arr" / "2").write_bytes(b"efgh")
     rejections = (worker2 / ".n5fs" / "rejections").read_text()
     assert "/arr/1" in rejections
+    for worker in (worker1, worker2):  # write-back: the accepted chunks are uploaded behind
+        synced = mounter.cli("sync", str(worker))
+        assert synced.returncode == 0, synced.stderr
     keys = {obj["Key"] for obj in s3_server.client().list_objects_v2(Bucket=s3_bucket)["Contents"]}
     assert "data/arr/1" not in keys
     assert {"data/arr/0", "data/arr/2"} <= keys

@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["UPLOADERS", "Uploader"]
 
-#: uploads in flight at once: at a 50 ms round trip, 32 keep ~600 small PUTs a second going
-UPLOADERS = 32
+#: uploads in flight at once: at a 50 ms round trip, 16 keep ~300 small PUTs a second going,
+#: without crowding the reads of the same mount out of the endpoint
+UPLOADERS = 16
 
 
 class Uploader:
