@@ -383,3 +383,53 @@ def test_readers_of_local_files_and_names_never_go_around_the_journal(tmp_path: 
     assert local_files(store) is None
     assert name_listings(store) is None
     store.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_threads_writing_deleting_and_renaming_end_where_a_model_says(
+    tmp_path: Path, seed: int
+) -> None:
+    """8 threads, each on its own keys, set, delete and rename at random while uploads run
+    (no delay, 4 uploaders, so jobs are replaced in flight); after flush the store holds
+    exactly what each thread's sequence says, and so does every read before it."""
+    import random
+
+    inner = MemoryStore()
+    store = make(inner, tmp_path, delay=0.0, uploaders=4)
+    models: list[dict[str, bytes]] = [{} for _ in range(8)]
+    wrong: list[str] = []
+
+    def work(n: int) -> None:
+        rng = random.Random(seed * 100 + n)
+        model = models[n]
+        for i in range(250):
+            key = f"t{n}/k{rng.randrange(6)}"
+            op = rng.random()
+            if op < 0.6:
+                value = b"%d-%d" % (n, i)
+                store.set(key, value)
+                model[key] = value
+            elif op < 0.8:
+                store.delete(key)
+                model.pop(key, None)
+            elif key in model:
+                dst = f"t{n}/k{rng.randrange(6)}"
+                if dst != key:
+                    store.rename(key, dst)
+                    model[dst] = model.pop(key)
+            probe = f"t{n}/k{rng.randrange(6)}"
+            if store.get(probe) != model.get(probe):
+                wrong.append(probe)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    store.flush()
+    assert wrong == []
+    expected = {k: v for model in models for k, v in model.items()}
+    held = {info.key: inner.get(info.key) for info in inner.list("", delimiter=None).keys}
+    assert held == expected
+    assert store.journal.pending_on_disk() == 0
+    store.close()
