@@ -68,6 +68,7 @@ def stored(s3_server: Any, s3_bucket: str) -> Any:
     ],
 )
 def test_zarr_python_writes_and_tensorstore_reads_through_faults(
+    mounter: Any,
     mounted: Path,
     proxy: FaultProxy,
     s3_server: Any,
@@ -95,6 +96,12 @@ def test_zarr_python_writes_and_tensorstore_reads_through_faults(
         {"driver": "zarr", "kvstore": {"driver": "file", "path": str(mounted / "arr")}}
     ).result()
     assert np.array_equal(read.read().result(), values)
+    # the uploads behind the writes go through the faults too; n5fs sync waits for them
+    # (it answers 1 when an attempt failed after it began: the upload is tried again)
+    synced = []
+    while 0 not in synced and len(synced) < 5:
+        synced.append(mounter.cli("sync", str(mounted)).returncode)
+    assert 0 in synced, synced
     assert sum(proxy.injected.values()) > 0
     proxy.clear()
     validate_clean(s3_server.endpoint, s3_bucket)
