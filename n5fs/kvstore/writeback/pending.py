@@ -185,10 +185,6 @@ class Pending:
             jobs = [j for k, j in self._newest.items() if k.startswith(prefix)]
         return [j.entry for j in jobs]
 
-    def empty(self) -> bool:
-        with self._cond:
-            return not self._newest and not self._uploading
-
     # -- uploading ----------------------------------------------------------------------------
 
     def take(self, idle: float) -> Job | None:
@@ -325,11 +321,6 @@ class Pending:
                 "writeback_upload_failures": self.failures,
                 "writeback_replayed": self.replayed,
             }
-
-    def last_errors(self, n: int = 3) -> list[str]:
-        with self._cond:
-            failing = [j for j in self._newest.values() if j.error is not None]
-        return [f"/{j.entry.key}: {j.error}" for j in failing[:n]]
 
     @property
     def closed(self) -> bool:
