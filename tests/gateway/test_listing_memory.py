@@ -248,3 +248,18 @@ def test_a_listing_in_flight_across_a_commit_is_not_kept(tmp_path: Path) -> None
         assert "new" not in dict(old.result())  # its question began before the commit
     assert dict(gw.readdir("/a"))["new"].size == 4
     assert store.per_key("list")["a/"] == 2
+
+
+def test_a_packing_without_etags_takes_files_with_them() -> None:
+    """A listing that kept no ETags (a journaled file, a local store) patched with files that
+    have one (an S3 commit): each keeps its own, none is invented."""
+    base = PackedFiles.of_infos("d/", [KeyInfo("d/a", 1, 0.0), KeyInfo("d/c", 3, 0.0)])
+    assert base is not None
+    changed = base.changed({"b": KeyInfo("d/b", 2, 0.0, '"etag-b"')}, ())
+    assert changed is not None
+    infos = dict(changed.items())
+    assert [(n, i.size, i.etag) for n, i in sorted(infos.items())] == [
+        ("a", 1, None),
+        ("b", 2, '"etag-b"'),
+        ("c", 3, None),
+    ]

@@ -189,8 +189,8 @@ class PackedFiles(Mapping[str, "KeyInfo"]):
                 names.append(raw)
                 sizes.append(self._sizes[i])
                 mtimes.append(self._mtimes[i])
-                if etags is not None:
-                    etags.append(self._raw_etag(i))
+                if etags is not None:  # b"\0": no ETag (a packing that kept none has none)
+                    etags.append(b"\0" if self._etags is None else self._raw_etag(i))
         for raw, info in extra[at:]:
             _append(names, sizes, mtimes, etags, raw, info)
         return PackedFiles(self._prefix, names, sizes, mtimes, etags, self._stat)
