@@ -38,7 +38,7 @@ Moto's speed is not S3's: read the times as ratios between the systems of one ru
 request counts as they are.
 
     python scripts/bench_s3.py                 # 0 and 25 ms, every system, 5,000 chunks
-    python scripts/bench_s3.py --quick         # n5fs ro only, 1,000 chunks, 8 blocks
+    python scripts/bench_s3.py --quick         # n5fs ro and ts-s3, 1,000 chunks, 8 blocks
     python scripts/bench_s3.py --latency 0.025 --systems n5fs-ro,rclone
     python scripts/bench_s3.py --workloads "cp -r into rw" --n5fs-option writeback=on
 """
@@ -529,7 +529,7 @@ def report(results: dict[float, dict[str, dict[str, Cell]]], args: argparse.Name
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="n5fs ro only, 8 blocks, 1,000 chunks, 16 MiB for TensorStore")  # fmt: skip
+                   help="n5fs ro and ts-s3 only, 8 blocks, 1,000 chunks, 16 MiB for TensorStore")  # fmt: skip
     p.add_argument("--latency", type=float, action="append", help="one way, seconds (repeat)")
     p.add_argument("--systems", default=None, help=f"comma-separated of {','.join(SYSTEMS)}")
     p.add_argument("--workloads", default=None,
