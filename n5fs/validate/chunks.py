@@ -1,50 +1,70 @@
-"""Chunks checked while the store is still being listed: batches on a bounded pool.
+"""Chunks checked while the store is still being listed: batches on bounded pools.
 
-Why batches: a batch is one read pass (local files, or one ``store.get_many`` that a network
-store runs on its own pool) followed by the checks, so the cost of a future, a lock and a
-thread wake-up is paid per batch, not per chunk: for 16x16 chunks on a local disk that
-overhead was most of the time (scripts/bench_validate.py --store).
+Why batches: the cost of handing work over (a future, a lock, a thread wake-up, or a message
+through a pipe) is paid per batch, not per chunk: for small chunks that overhead was most of
+the time (scripts/bench_validate.py).
 
 Why while listing: the listing and the classification of keys run on the caller's thread;
-reads and decoders (zlib, zstd, blosc, lzma release the GIL) run on the workers, so on a
-machine with two cores both are busy, and on S3 the next listing page is in flight while
-chunks are fetched. Batches start small and grow with the number of chunks seen, so a small
-array still spreads over every worker and a large one pays little per chunk.
+reads and checks on the workers, so on a machine with two cores both are busy, and on S3 the
+next listing page is in flight while chunks are fetched.
 
-Why local reads: where the store keeps a folder on a local disk
-(:meth:`~n5fs.kvstore.abilities.LocalFiles.local_folder`), a batch opens each of its folders
-once and reads every chunk relative to it, ``openat`` with ``O_NOFOLLOW`` and one ``read`` of
-the size the listing gave, instead of ``get``'s full path
-resolution and buffered file object, or a path resolved per chunk (two ``lstat`` calls and a
-walk of the path by the kernel: of the order of checking a small zstd chunk itself). A chunk that
-cannot be opened so (a link, gone) is asked of ``get``, which decides, as before, whether the
-key is there and where a link may lead.
+Two kinds of worker:
 
-Memory stays bounded: at most ``2 * jobs`` batches are submitted and not finished, each
-holding at most :data:`BATCH_BYTES` of chunk bytes (or one larger chunk) while it runs; the
-caller blocks in :meth:`ChunkChecker.add` until a slot is free.
+- threads (:meth:`ChunkChecker._check_batch`), for every store: a batch reads its local files
+  (where the store keeps them, :meth:`~n5fs.kvstore.abilities.LocalFiles.local_folder`: each
+  folder opened once, each chunk ``openat`` relative to it and read with one ``read``, see
+  :mod:`.check`) and asks the other keys of one ``store.get_many``; decoders that release the
+  GIL (zlib, zstd, blosc, lzma) run in parallel. Batches start small and grow with the number
+  of chunks seen, so a small array still spreads over every worker.
+- worker processes (:mod:`.procs`), for a store with local files once a run has met
+  :data:`PROCESS_AFTER` chunks (starting them costs about a second, on a thread of its own
+  while the run goes on with threads): with threads, small local chunks are bound by the GIL
+  (each return from a system call waits for it), so two cores did less than one. A batch
+  names the chunks of each folder and the folder's path as the store resolved it; a chunk a
+  process could not open or read comes back and is checked on a thread, through ``get``.
+
+Memory stays bounded: at most ``2 * jobs`` thread batches are submitted and not finished,
+each holding at most :data:`BATCH_BYTES` of bytes fetched through ``get_many`` (or one
+larger chunk; a chunk listed without its size counts as its decoded size) and one local chunk
+at a time; each process holds one chunk at a time and at most
+:data:`~n5fs.validate.procs.DEPTH` batches of names. The caller blocks in
+:meth:`ChunkChecker.add` until a slot is free.
 
 What a worker cannot read is reported, never lost: a key whose bytes the store cannot give
 (any :class:`N5fsError` other than a refusal, or an ``OSError`` a local store let through, or
 a key gone since it was listed) becomes an ``unreadable`` finding of :class:`Report`, so the
 run is not called valid; only a refusal of the bytes themselves is ``invalid``.
 
-Lock discipline: batches are built and submitted by the caller's thread only (``_batch``,
-``_pending`` are not shared); workers touch shared state only through :meth:`Report.add` and
-``_count``, both under the report's lock.
+Lock discipline: batches are built and submitted, and process outcomes taken in, by the
+caller's thread only (``_batch``, ``_local``, ``_pending``, the workers are not shared);
+thread workers touch shared state only through :meth:`Report.add_chunks`, under the report's
+lock. The thread that starts the processes hands them over through :class:`_Starter`, whose
+lock guards only that hand-over (a leaf lock).
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING
 
-from n5fs.errors import N5fsError, Rejected
+from n5fs.errors import N5fsError
 from n5fs.kvstore.abilities import local_files
-from n5fs.validate.report import Finding, finding
+from n5fs.validate.check import (
+    DIR_FLAGS,
+    STORE_FAULTS,
+    VANISHED,
+    Unread,
+    first_read,
+    judge,
+    read_file,
+)
+from n5fs.validate.procs import Group, Outcome, Workers
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -53,38 +73,44 @@ if TYPE_CHECKING:
 
     from n5fs.formats.base import ArrayNode
     from n5fs.kvstore.base import KvStore
-    from n5fs.validate.report import Progress, Report
+    from n5fs.validate.report import Finding, Progress, Report
 
-#: a batch stops growing at this many stored bytes (or at one chunk, if that is larger): the
-#: per-batch overhead only matters for small chunks, and each worker holds one batch's bytes
+__all__ = [
+    "BATCH_BYTES",
+    "BATCH_CHUNKS",
+    "PROCESS_AFTER",
+    "STORE_FAULTS",
+    "UNKNOWN_SIZE",
+    "VANISHED",
+    "ChunkChecker",
+    "ChunkJob",
+]
+
+log = logging.getLogger(__name__)
+
+#: a thread batch stops growing at this many stored bytes (or at one chunk, if that is larger):
+#: the per-batch overhead only matters for small chunks
 BATCH_BYTES = 4 << 20
 #: ... or at this many chunks
 BATCH_CHUNKS = 256
-#: batches hold at most (chunks seen so far) / (this * workers) chunks: early batches are
-#: small, so a few chunks still spread over all workers
+#: thread batches hold at most (chunks seen so far) / (this * workers) chunks: early batches
+#: are small, so a few chunks still spread over all workers
 SPREAD = 4
-#: bytes asked of each further ``read`` of a file that grew since it was listed
-_READ_MORE = 1 << 16
-#: a chunk file: never through a link (``get`` checks where it leads), never blocking (a FIFO
-#: planted at a chunk's name reads as empty: judged, not waited on)
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-#: a folder whose chunks are opened relative to it
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-#: errors that make a key unreadable rather than end the run: every n5fs error (a refusal
-#: is told apart where it can occur) and the ``OSError`` a local store's read lets through
-#: (EIO, EACCES); anything else is a bug and ends the run
-STORE_FAULTS = (N5fsError, OSError)
-#: the reason of a key that was listed but is gone when read (deleted since, e.g. by a
-#: writer still at work): its bytes were never seen, so it is unreadable, not valid
-VANISHED = "vanished while validating (listed, then gone when read)"
-
-#: why a key has no bytes to judge
-Unread: TypeAlias = N5fsError | OSError
+#: a run on a store with local files goes on in worker processes once it has met this many
+#: chunks (a smaller run ends before processes would be started)
+PROCESS_AFTER = 20_000
+#: a batch for a worker process stops at this many chunks ...
+PROCESS_BATCH = 1024
+#: ... or at this many decoded bytes (what checking a batch costs, for chunks of any size)
+PROCESS_BATCH_DECODED = 32 << 20
+#: the size of a chunk listed without one (a local scan: the reader learns it)
+UNKNOWN_SIZE = -1
 
 
 @dataclass(frozen=True, slots=True)
 class ChunkJob:
-    """One listed chunk: the array that judges it, its key, grid position and stored size."""
+    """One listed chunk: the array that judges it, its key, grid position and stored size
+    (:data:`UNKNOWN_SIZE` when it was listed without one)."""
 
     array: ArrayNode
     key: str
@@ -92,18 +118,78 @@ class ChunkJob:
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkVerdict:
-    finding: Finding
-    #: the chunk could not be read or decoded (a store fault): not checked, as opposed to
-    #: read and judged invalid
-    unreadable: bool
+@dataclass
+class _Tally:
+    """What a thread batch found: the chunks it judged (read or not), bytes read, findings."""
+
+    count: int = 0
+    nbytes: int = 0
+    invalid: list[Finding] = field(default_factory=list)
+    unreadable: list[Finding] = field(default_factory=list)
+
+    def judge(self, job: ChunkJob, data: bytes | Unread) -> None:
+        self.count += 1
+        if isinstance(data, bytes):
+            self.nbytes += len(data)
+        verdict = judge(job.array, job.key, job.position, data)
+        if verdict is not None:
+            (self.unreadable if verdict.unreadable else self.invalid).append(verdict.finding)
+
+
+class _Starter:
+    """Worker processes started on a thread of their own: the run goes on meanwhile.
+
+    Lock discipline: ``_lock`` (a leaf) guards ``_workers`` and ``_abandoned`` between the
+    starting thread and the caller's; ``_done`` is set once the start is over, either way."""
+
+    def __init__(self, count: int) -> None:
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._workers: Workers | None = None
+        self._abandoned = False
+        thread = threading.Thread(
+            target=self._start, args=(count,), name="n5fs-validate-start", daemon=True
+        )
+        thread.start()
+
+    def _start(self, count: int) -> None:
+        try:
+            workers: Workers | None = Workers(count)
+        except Exception as exc:  # no processes here (a sandbox, no /dev/shm): threads go on
+            log.debug("validate: worker processes not started (%s); threads go on", exc)
+            workers = None
+        with self._lock:
+            abandoned = self._abandoned
+            if not abandoned:
+                self._workers = workers
+        if abandoned and workers is not None:
+            workers.close()
+        self._done.set()
+
+    @property
+    def over(self) -> bool:
+        """Has the start ended (with workers or without)?"""
+        return self._done.is_set()
+
+    def take(self) -> Workers | None:
+        """The workers, once started (then they are the caller's to close)."""
+        with self._lock:
+            workers, self._workers = self._workers, None
+        return workers
+
+    def abandon(self) -> None:
+        """The run is over: workers started from now on are closed at once."""
+        with self._lock:
+            self._abandoned = True
+            workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.close()
 
 
 class ChunkChecker:
-    """Checks the chunks it is given on ``jobs`` worker threads; use as a context manager.
+    """Checks the chunks it is given on ``jobs`` workers; use as a context manager.
 
-    :meth:`add` and :meth:`finish` are called from one thread (the listing's)."""
+    :meth:`add`, :meth:`flush` and :meth:`finish` are called from one thread (the listing's)."""
 
     def __init__(self, store: KvStore, report: Report, progress: Progress, jobs: int) -> None:
         self.store = store
@@ -117,6 +203,17 @@ class ChunkChecker:
         self._batch: list[ChunkJob] = []
         self._batch_bytes = 0
         self._seen = 0
+        #: worker processes once started (:class:`_Starter` while they start)
+        self._starter: _Starter | None = None
+        self._workers: Workers | None = None
+        self._threads_only = False
+        #: the batch being built for the processes, and its decoded bytes
+        self._local: list[ChunkJob] = []
+        self._local_decoded = 0
+        #: token and decoded chunk size of each array met, by ``id`` (``_arrays`` keeps them
+        #: alive, so an ``id`` is never reused for another array during the run)
+        self._tokens: dict[int, tuple[int, int]] = {}
+        self._arrays: dict[int, ArrayNode] = {}
 
     def __enter__(self) -> Self:
         return self
@@ -130,30 +227,56 @@ class ChunkChecker:
         if kind is not None:
             for future in self._pending:
                 future.cancel()
+        if self._starter is not None:
+            self._starter.abandon()
+        if self._workers is not None:
+            self._workers.close(wait=kind is None)
         self._pool.shutdown(wait=True)
 
     def add(self, job: ChunkJob) -> None:
         """Queue one chunk; submits a batch when it is full (blocking while the window is)."""
         self._seen += 1
         self.progress.total_chunks = self._seen
-        most = max(1, min(BATCH_CHUNKS, self._seen // (SPREAD * self.jobs)))
-        if self._batch and (len(self._batch) >= most or self._batch_bytes + job.size > BATCH_BYTES):
-            self._submit()
-        self._batch.append(job)
-        self._batch_bytes += job.size
+        if self._workers is None and self.local is not None:
+            self._start_processes()
+        if self._workers is not None:
+            self._local.append(job)
+            self._local_decoded += self._token(job.array)[1]
+            if len(self._local) >= PROCESS_BATCH or self._local_decoded >= PROCESS_BATCH_DECODED:
+                self._send_local()
+            return
+        self._queue(job)
 
     def flush(self) -> None:
         """Submit the chunks queued so far (the listing is over, or paused for long)."""
+        if self._local:
+            self._send_local()
         if self._batch:
             self._submit()
 
     def finish(self) -> None:
         """Submit what is queued and wait for every batch; a worker's error is raised here."""
+        if self._local:
+            self._send_local()
+        if self._workers is not None:
+            for jobs, outcome in self._workers.drain():
+                self._settle(jobs, outcome)  # type: ignore[arg-type]
         self.flush()
         while self._pending:
             done, self._pending = wait(self._pending, return_when=FIRST_COMPLETED)
             for future in done:
                 future.result()
+
+    # -- worker threads ------------------------------------------------------------------------
+
+    def _queue(self, job: ChunkJob) -> None:
+        """Add ``job`` to the thread batch; submit it when full."""
+        most = max(1, min(BATCH_CHUNKS, self._seen // (SPREAD * self.jobs)))
+        size = job.size if job.size >= 0 else self._token(job.array)[1]
+        if self._batch and (len(self._batch) >= most or self._batch_bytes + size > BATCH_BYTES):
+            self._submit()
+        self._batch.append(job)
+        self._batch_bytes += size
 
     def _submit(self) -> None:
         batch, self._batch, self._batch_bytes = self._batch, [], 0
@@ -163,61 +286,49 @@ class ChunkChecker:
                 future.result()
         self._pending.add(self._pool.submit(self._check_batch, batch))
 
-    # -- on the workers ------------------------------------------------------------------------
-
     def _check_batch(self, batch: list[ChunkJob]) -> None:
-        fetched = self._fetch_batch(batch)
-        invalid: list[Finding] = []
-        unreadable: list[Finding] = []
-        for job in batch:
-            verdict = judge(job, fetched.pop(job.key))
-            if verdict is not None:
-                (unreadable if verdict.unreadable else invalid).append(verdict.finding)
-        nbytes = sum(job.size for job in batch)
-        self.report.add_chunks(len(batch), nbytes, invalid, unreadable, self.progress)
-
-    def _fetch_batch(self, batch: list[ChunkJob]) -> dict[str, bytes | Unread]:
-        """Local files read directly, folder by folder; the other keys with one ``get_many``,
-        and if that fails (one key's fault fails them all), each key alone, so only the
-        faulty key is unreadable. Every key of ``batch`` gets its bytes or its error."""
-        fetched: dict[str, bytes | Unread] = {}
-        remote: list[str] = []
+        """On a thread: local files read and judged one at a time, folder by folder; the
+        other keys fetched with one ``get_many``, and if that fails (one key's fault fails
+        them all), each key alone, so only the faulty key is unreadable."""
+        tally = _Tally()
+        remote: list[ChunkJob] = []
         for folder, jobs in groupby(batch, _folder_of):
-            self._read_local(folder, list(jobs), fetched, remote)
-        if not remote:
-            return fetched
-        try:
-            got = self.store.get_many(remote)
-            fetched.update((key, _present(got.get(key))) for key in remote)
-        except STORE_FAULTS:
-            fetched.update((key, self._get_alone(key)) for key in remote)
-        return fetched
+            self._check_local(folder, list(jobs), tally, remote)
+        if remote:
+            keys = [job.key for job in remote]
+            fetched: dict[str, bytes | Unread]
+            try:
+                got = self.store.get_many(keys)
+                fetched = {key: _present(got.get(key)) for key in keys}
+            except STORE_FAULTS:
+                fetched = {key: self._get_alone(key) for key in keys}
+            for job in remote:
+                tally.judge(job, fetched.pop(job.key))
+        self.report.add_chunks(
+            tally.count, tally.nbytes, tally.invalid, tally.unreadable, self.progress
+        )
 
-    def _read_local(
-        self,
-        folder: str,
-        jobs: list[ChunkJob],
-        fetched: dict[str, bytes | Unread],
-        remote: list[str],
+    def _check_local(
+        self, folder: str, jobs: list[ChunkJob], tally: _Tally, remote: list[ChunkJob]
     ) -> None:
-        """The chunks of ``folder`` that have a local file go to ``fetched``, the others (no
-        local folder, a link, a file that cannot be read) to ``remote``: ``get`` decides."""
+        """The chunks of ``folder`` that have a local file, read and judged; the others (no
+        local folder, a link, a file that cannot be read) go to ``remote``: ``get`` decides."""
         path = None if self.local is None else self.local.local_folder(folder)
         try:
-            directory = -1 if path is None else os.open(path, _DIR_FLAGS)
+            directory = -1 if path is None else os.open(path, DIR_FLAGS)
         except OSError:
             directory = -1
         if directory < 0:
-            remote.extend(job.key for job in jobs)
+            remote.extend(jobs)
             return
         try:
             start = len(folder)
             for job in jobs:
-                data = _read_file(directory, job.key[start:], job.size)
+                data = read_file(directory, job.key[start:], first_read(job.size))
                 if data is None:
-                    remote.append(job.key)
+                    remote.append(job)
                 else:
-                    fetched[job.key] = data
+                    tally.judge(job, data)
         finally:
             os.close(directory)
 
@@ -227,48 +338,61 @@ class ChunkChecker:
         except STORE_FAULTS as exc:
             return exc
 
+    # -- worker processes ----------------------------------------------------------------------
+
+    def _start_processes(self) -> None:
+        """Start the processes once the run is large; take them over once they are up."""
+        if self._starter is None:
+            if self._seen >= PROCESS_AFTER:
+                self._starter = _Starter(self.jobs)
+        elif self._starter.over and not self._threads_only:
+            self._workers = self._starter.take()
+            self._threads_only = self._workers is None  # they did not start: asked no more
+
+    def _token(self, array: ArrayNode) -> tuple[int, int]:
+        """The token by which processes know ``array``, and the decoded size of its chunks."""
+        known = self._tokens.get(id(array))
+        if known is None:
+            decoded = math.prod(array.chunks) * array.dtype.itemsize
+            known = self._tokens[id(array)] = (len(self._tokens), decoded)
+            self._arrays[known[0]] = array
+        return known
+
+    def _send_local(self) -> None:
+        """The process batch to the least busy process, folder by folder; chunks of a folder
+        with no local path (a link on the way) to the threads."""
+        assert self._workers is not None
+        batch, self._local, self._local_decoded = self._local, [], 0
+        groups: list[Group] = []
+        sent: list[ChunkJob] = []
+        for folder, run in groupby(batch, _folder_of):
+            jobs = list(run)
+            path = None if self.local is None else self.local.local_folder(folder)
+            if path is None:
+                for job in jobs:
+                    self._queue(job)
+                continue
+            start = len(folder)
+            token = self._token(jobs[0].array)[0]  # one folder, one array
+            names = [job.key[start:] for job in jobs]
+            groups.append(Group(folder, path, token, names, [job.position for job in jobs]))
+            sent += jobs
+        if groups:
+            for jobs, outcome in self._workers.submit(sent, groups, self._arrays):
+                self._settle(jobs, outcome)  # type: ignore[arg-type]
+
+    def _settle(self, jobs: list[ChunkJob], outcome: Outcome) -> None:
+        """A process batch done: counted; the chunks it could not read, to the threads."""
+        self.report.add_chunks(
+            outcome.count, outcome.nbytes, outcome.invalid, outcome.unreadable, self.progress
+        )
+        for index in outcome.retry:
+            self._queue(jobs[index])
+
 
 def _folder_of(job: ChunkJob) -> str:
     return job.key[: job.key.rfind("/") + 1]
 
 
-def _read_file(directory: int, name: str, size: int) -> bytes | None:
-    """File ``name`` of the open folder ``directory``, read with one ``read`` of its listed
-    ``size`` (plus one byte, to see that it did not grow since). None for a link (``get``
-    decides where it leads), a missing file, or one that cannot be read."""
-    try:
-        fd = os.open(name, _OPEN_FLAGS, dir_fd=directory)
-    except OSError:
-        return None
-    try:
-        data = os.read(fd, size + 1)
-        if len(data) <= size:
-            return data  # a short read of a regular file is its end
-        parts = [data, more := os.read(fd, _READ_MORE)]  # it grew since it was listed
-        while more:
-            more = os.read(fd, _READ_MORE)
-            parts.append(more)
-        return b"".join(parts)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def _present(data: bytes | None) -> bytes | Unread:
     return N5fsError(VANISHED) if data is None else data
-
-
-def judge(job: ChunkJob, data: bytes | Unread) -> ChunkVerdict | None:
-    """None for a valid chunk; an unreadable verdict for a read that failed (``data`` is
-    its error) or a check that failed for another reason than the bytes (any error but
-    :class:`Rejected`); an invalid one only when the bytes were read and refused."""
-    if not isinstance(data, bytes):
-        return ChunkVerdict(finding(job.key, data), unreadable=True)
-    try:
-        job.array.validate_chunk(job.position, data, path=job.key)
-    except Rejected as exc:
-        return ChunkVerdict(finding(job.key, exc), unreadable=False)
-    except N5fsError as exc:  # not an OSError: decoding reads no store, so that is a bug
-        return ChunkVerdict(finding(job.key, exc), unreadable=True)
-    return None

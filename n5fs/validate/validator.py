@@ -30,13 +30,16 @@ from n5fs.errors import N5fsError, Rejected
 from n5fs.formats.base import KeyKind
 from n5fs.formats.registry import CONSOLIDATIONS
 from n5fs.kvstore.spec import ZipSpec
-from n5fs.validate.chunks import STORE_FAULTS, VANISHED, ChunkChecker, ChunkJob
+from n5fs.kvstore.abilities import local_files
+from n5fs.validate.check import STORE_FAULTS, VANISHED
+from n5fs.validate.chunks import UNKNOWN_SIZE, ChunkChecker, ChunkJob
+from n5fs.validate.localscan import scan_keys
 from n5fs.validate.report import Finding, Progress, Report, finding
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
-    from n5fs.kvstore.base import KeyInfo, KvStore
+    from n5fs.kvstore.base import KvStore
     from n5fs.kvstore.spec import StoreSpec
 
 #: drivers whose reads are local; every other driver (s3, plugins) pays a round trip per read
@@ -111,36 +114,46 @@ class Validator:
         # An array's chunks may sit in sub-folders (N5, "/" separators): list it all, once,
         # page by page where the store pages (chunks are checked while the next page comes).
         if folder.kind is FolderKind.ARRAY:
-            infos = self.store.walk(folder.prefix)
+            for key, size in self._walk(folder.prefix):
+                self._classify(key, size, folder, chunks)
         else:
-            infos = iter(self.store.list(folder.prefix, delimiter="/").keys)
-        for info in infos:
-            self._classify(info, folder, chunks)
+            for info in self.store.list(folder.prefix, delimiter="/").keys:
+                self._classify(info.key, info.size, folder, chunks)
 
-    def _classify(self, info: KeyInfo, folder: Folder, chunks: ChunkChecker) -> None:
+    def _walk(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """Every key below ``prefix`` with its size; on local files, names only, as they are
+        scanned (:mod:`.localscan`: no ``stat`` per key, no listing held whole)."""
+        local = local_files(self.store)
+        directory = None if local is None else local.local_folder(prefix)
+        if directory is not None:
+            for key in scan_keys(self.store, directory, prefix):
+                yield key, UNKNOWN_SIZE
+            return
+        for info in self.store.walk(prefix):
+            yield info.key, info.size
+
+    def _classify(self, key: str, size: int, folder: Folder, chunks: ChunkChecker) -> None:
         # The folder being walked is this validator's detector's answer (nothing invalidates
         # it during a run): the classifier need not look it up again for the folder's keys.
         try:
-            verdict = self.classifier.classify(
-                info.key, lambda: self._fetch(info.key), folder=folder
-            )
+            verdict = self.classifier.classify(key, lambda: self._fetch(key), folder=folder)
         except Rejected:  # a verdict on bytes, never a fault: not reported as unreadable
             raise
         except STORE_FAULTS as exc:
             # Classifying reads the store only for a name whose format depends on its content
             # (an attributes.json outside an N5 hierarchy) or a folder not detected yet (a
             # chunk sub-folder): a fault there leaves this key unchecked, not the run ended.
-            self.report.add(unreadable=[finding(info.key, exc)])
+            self.report.add(unreadable=[finding(key, exc)])
             return
         if verdict.kind is KeyKind.CHUNK:
             array = verdict.array  # asked once: an isinstance check against an ABC each time
             assert array is not None
             assert verdict.position is not None
-            chunks.add(ChunkJob(array, info.key, verdict.position, info.size))
+            chunks.add(ChunkJob(array, key, verdict.position, size))
         elif verdict.kind is KeyKind.METADATA:
             self._check_metadata(verdict)
         elif verdict.kind is KeyKind.INVALID:
-            self.report.add(invalid=[Finding(info.key, verdict.rule, verdict.message)])
+            self.report.add(invalid=[Finding(key, verdict.rule, verdict.message)])
         else:
             self.report.other += 1
 
