@@ -1,8 +1,9 @@
 """``n5fs validate``: every metadata file and every chunk of a store, checked in parallel.
 
-:mod:`.validator` walks, lists and classifies; :mod:`.chunks` reads and judges chunks on a
-bounded pool while the listing goes on; :mod:`.report` holds what was found, in an order that
-does not depend on the workers.
+:mod:`.validator` walks, lists (:mod:`.localscan` on local files) and classifies;
+:mod:`.chunks` reads and judges chunks (:mod:`.check`) on a bounded pool of threads, or of
+worker processes (:mod:`.procs`), while the listing goes on; :mod:`.report` holds what was
+found, in an order that does not depend on the workers.
 """
 
 from __future__ import annotations

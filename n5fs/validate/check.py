@@ -85,7 +85,9 @@ def read_file(directory: int, name: str, expect: int) -> bytes | None:
         os.close(fd)
 
 
-def judge(array: ArrayNode, key: str, position: tuple[int, ...], data: bytes | Unread) -> ChunkVerdict | None:
+def judge(
+    array: ArrayNode, key: str, position: tuple[int, ...], data: bytes | Unread
+) -> ChunkVerdict | None:
     """None for a valid chunk; an unreadable verdict for a read that failed (``data`` is
     its error) or a check that failed for another reason than the bytes (any error but
     :class:`Rejected`); an invalid one only when the bytes were read and refused."""

@@ -17,11 +17,13 @@ Two kinds of worker:
   GIL (zlib, zstd, blosc, lzma) run in parallel. Batches start small and grow with the number
   of chunks seen, so a small array still spreads over every worker.
 - worker processes (:mod:`.procs`), for a store with local files once a run has met
-  :data:`PROCESS_AFTER` chunks (starting them costs about a second, on a thread of its own
-  while the run goes on with threads): with threads, small local chunks are bound by the GIL
-  (each return from a system call waits for it), so two cores did less than one. A batch
-  names the chunks of each folder and the folder's path as the store resolved it; a chunk a
-  process could not open or read comes back and is checked on a thread, through ``get``.
+  ``processes_after`` chunks (:data:`PROCESSES_AFTER` by default; a smaller run ends before
+  processes would be ready): with threads, small local chunks are bound by the GIL (each
+  return from a system call waits for it), so two cores did less than one. Until every
+  process is ready (about a second) chunks go on to the threads. A batch names the chunks of
+  each folder and the folder's path as the store resolved it; a chunk a process could not open
+  or read comes back and is checked on a thread, through ``get``, which decides as everywhere
+  else (a link, a file gone). An array that cannot be pickled is checked on threads only.
 
 Memory stays bounded: at most ``2 * jobs`` thread batches are submitted and not finished,
 each holding at most :data:`BATCH_BYTES` of bytes fetched through ``get_many`` (or one
@@ -33,13 +35,13 @@ at a time; each process holds one chunk at a time and at most
 What a worker cannot read is reported, never lost: a key whose bytes the store cannot give
 (any :class:`N5fsError` other than a refusal, or an ``OSError`` a local store let through, or
 a key gone since it was listed) becomes an ``unreadable`` finding of :class:`Report`, so the
-run is not called valid; only a refusal of the bytes themselves is ``invalid``.
+run is not called valid; only a refusal of the bytes themselves is ``invalid``. A worker
+process that dies ends the run (:class:`~n5fs.validate.procs.WorkerDied`).
 
 Lock discipline: batches are built and submitted, and process outcomes taken in, by the
-caller's thread only (``_batch``, ``_local``, ``_pending``, the workers are not shared);
+caller's thread only (``_batch``, ``_local``, ``_pending``, ``_workers`` are not shared);
 thread workers touch shared state only through :meth:`Report.add_chunks`, under the report's
-lock. The thread that starts the processes hands them over through :class:`_Starter`, whose
-lock guards only that hand-over (a leaf lock).
+lock.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
+import pickle
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import groupby
@@ -78,7 +80,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BATCH_BYTES",
     "BATCH_CHUNKS",
-    "PROCESS_AFTER",
+    "PROCESSES_AFTER",
     "STORE_FAULTS",
     "UNKNOWN_SIZE",
     "VANISHED",
@@ -96,9 +98,8 @@ BATCH_CHUNKS = 256
 #: thread batches hold at most (chunks seen so far) / (this * workers) chunks: early batches
 #: are small, so a few chunks still spread over all workers
 SPREAD = 4
-#: a run on a store with local files goes on in worker processes once it has met this many
-#: chunks (a smaller run ends before processes would be started)
-PROCESS_AFTER = 20_000
+#: a run on a store with local files starts worker processes once it has met this many chunks
+PROCESSES_AFTER = 20_000
 #: a batch for a worker process stops at this many chunks ...
 PROCESS_BATCH = 1024
 #: ... or at this many decoded bytes (what checking a batch costs, for chunks of any size)
@@ -136,62 +137,32 @@ class _Tally:
             (self.unreadable if verdict.unreadable else self.invalid).append(verdict.finding)
 
 
-class _Starter:
-    """Worker processes started on a thread of their own: the run goes on meanwhile.
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """An array met in this run: the token processes know it by, the size of its decoded
+    chunks, and its pickled form (None: it does not pickle, so threads check its chunks)."""
 
-    Lock discipline: ``_lock`` (a leaf) guards ``_workers`` and ``_abandoned`` between the
-    starting thread and the caller's; ``_done`` is set once the start is over, either way."""
-
-    def __init__(self, count: int) -> None:
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._workers: Workers | None = None
-        self._abandoned = False
-        thread = threading.Thread(
-            target=self._start, args=(count,), name="n5fs-validate-start", daemon=True
-        )
-        thread.start()
-
-    def _start(self, count: int) -> None:
-        try:
-            workers: Workers | None = Workers(count)
-        except Exception as exc:  # no processes here (a sandbox, no /dev/shm): threads go on
-            log.debug("validate: worker processes not started (%s); threads go on", exc)
-            workers = None
-        with self._lock:
-            abandoned = self._abandoned
-            if not abandoned:
-                self._workers = workers
-        if abandoned and workers is not None:
-            workers.close()
-        self._done.set()
-
-    @property
-    def over(self) -> bool:
-        """Has the start ended (with workers or without)?"""
-        return self._done.is_set()
-
-    def take(self) -> Workers | None:
-        """The workers, once started (then they are the caller's to close)."""
-        with self._lock:
-            workers, self._workers = self._workers, None
-        return workers
-
-    def abandon(self) -> None:
-        """The run is over: workers started from now on are closed at once."""
-        with self._lock:
-            self._abandoned = True
-            workers, self._workers = self._workers, None
-        if workers is not None:
-            workers.close()
+    token: int
+    decoded: int
+    pickled: bytes | None
 
 
 class ChunkChecker:
     """Checks the chunks it is given on ``jobs`` workers; use as a context manager.
 
-    :meth:`add`, :meth:`flush` and :meth:`finish` are called from one thread (the listing's)."""
+    ``processes_after``: the number of chunks after which a store with local files goes on
+    in worker processes (None: never). :meth:`add`, :meth:`flush` and :meth:`finish` are
+    called from one thread (the listing's)."""
 
-    def __init__(self, store: KvStore, report: Report, progress: Progress, jobs: int) -> None:
+    def __init__(
+        self,
+        store: KvStore,
+        report: Report,
+        progress: Progress,
+        jobs: int,
+        *,
+        processes_after: int | None = PROCESSES_AFTER,
+    ) -> None:
         self.store = store
         #: the store's local files, if it has them (:mod:`n5fs.kvstore.abilities`)
         self.local = local_files(store)
@@ -203,17 +174,22 @@ class ChunkChecker:
         self._batch: list[ChunkJob] = []
         self._batch_bytes = 0
         self._seen = 0
-        #: worker processes once started (:class:`_Starter` while they start)
-        self._starter: _Starter | None = None
-        self._workers: Workers | None = None
-        self._threads_only = False
+        #: when to start processes; None once they are not to be (started) any more
+        self._processes_after = processes_after if self.local is not None else None
+        #: the worker processes, once started; ``_working`` once every one is ready
+        self._workers: Workers[ChunkJob] | None = None
+        self._working = False
+        #: chunks the processes have judged (read, or unreadable when judged)
+        self.in_processes = 0
         #: the batch being built for the processes, and its decoded bytes
         self._local: list[ChunkJob] = []
         self._local_decoded = 0
-        #: token and decoded chunk size of each array met, by ``id`` (``_arrays`` keeps them
-        #: alive, so an ``id`` is never reused for another array during the run)
-        self._tokens: dict[int, tuple[int, int]] = {}
-        self._arrays: dict[int, ArrayNode] = {}
+        #: what is known of each array met, by ``id`` (``_arrays`` keeps them alive, so an
+        #: ``id`` is never reused for another array during the run)
+        self._known: dict[int, _Known] = {}
+        self._arrays: list[ArrayNode] = []
+        #: pickled arrays by token, for the processes
+        self._pickled: dict[int, bytes] = {}
 
     def __enter__(self) -> Self:
         return self
@@ -227,8 +203,6 @@ class ChunkChecker:
         if kind is not None:
             for future in self._pending:
                 future.cancel()
-        if self._starter is not None:
-            self._starter.abandon()
         if self._workers is not None:
             self._workers.close(wait=kind is None)
         self._pool.shutdown(wait=True)
@@ -237,14 +211,16 @@ class ChunkChecker:
         """Queue one chunk; submits a batch when it is full (blocking while the window is)."""
         self._seen += 1
         self.progress.total_chunks = self._seen
-        if self._workers is None and self.local is not None:
-            self._start_processes()
-        if self._workers is not None:
-            self._local.append(job)
-            self._local_decoded += self._token(job.array)[1]
-            if len(self._local) >= PROCESS_BATCH or self._local_decoded >= PROCESS_BATCH_DECODED:
-                self._send_local()
-            return
+        if self._working or (self._processes_after is not None and self._processes_ready()):
+            known = self._know(job.array)
+            if known.pickled is not None:
+                self._local.append(job)
+                self._local_decoded += known.decoded
+                if len(self._local) >= PROCESS_BATCH or (
+                    self._local_decoded >= PROCESS_BATCH_DECODED
+                ):
+                    self._send_local()
+                return
         self._queue(job)
 
     def flush(self) -> None:
@@ -260,19 +236,35 @@ class ChunkChecker:
             self._send_local()
         if self._workers is not None:
             for jobs, outcome in self._workers.drain():
-                self._settle(jobs, outcome)  # type: ignore[arg-type]
+                self._settle(jobs, outcome)
         self.flush()
         while self._pending:
             done, self._pending = wait(self._pending, return_when=FIRST_COMPLETED)
             for future in done:
                 future.result()
 
+    def _know(self, array: ArrayNode) -> _Known:
+        known = self._known.get(id(array))
+        if known is None:
+            token = len(self._arrays)
+            try:
+                pickled: bytes | None = pickle.dumps(array, pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:  # noqa: BLE001 (any reducer's error: threads check it)
+                log.debug("validate: %r does not pickle (%s); checked on threads", array, exc)
+                pickled = None
+            decoded = math.prod(array.chunks) * array.dtype.itemsize
+            known = self._known[id(array)] = _Known(token, decoded, pickled)
+            self._arrays.append(array)
+            if pickled is not None:
+                self._pickled[token] = pickled
+        return known
+
     # -- worker threads ------------------------------------------------------------------------
 
     def _queue(self, job: ChunkJob) -> None:
         """Add ``job`` to the thread batch; submit it when full."""
         most = max(1, min(BATCH_CHUNKS, self._seen // (SPREAD * self.jobs)))
-        size = job.size if job.size >= 0 else self._token(job.array)[1]
+        size = job.size if job.size >= 0 else self._know(job.array).decoded
         if self._batch and (len(self._batch) >= most or self._batch_bytes + size > BATCH_BYTES):
             self._submit()
         self._batch.append(job)
@@ -340,23 +332,25 @@ class ChunkChecker:
 
     # -- worker processes ----------------------------------------------------------------------
 
-    def _start_processes(self) -> None:
-        """Start the processes once the run is large; take them over once they are up."""
-        if self._starter is None:
-            if self._seen >= PROCESS_AFTER:
-                self._starter = _Starter(self.jobs)
-        elif self._starter.over and not self._threads_only:
-            self._workers = self._starter.take()
-            self._threads_only = self._workers is None  # they did not start: asked no more
-
-    def _token(self, array: ArrayNode) -> tuple[int, int]:
-        """The token by which processes know ``array``, and the decoded size of its chunks."""
-        known = self._tokens.get(id(array))
-        if known is None:
-            decoded = math.prod(array.chunks) * array.dtype.itemsize
-            known = self._tokens[id(array)] = (len(self._tokens), decoded)
-            self._arrays[known[0]] = array
-        return known
+    def _processes_ready(self) -> bool:
+        """Are the processes ready to take chunks? Starts them once the run has met
+        ``processes_after`` chunks; gives up on them (threads go on) if they cannot start."""
+        assert self._processes_after is not None
+        try:
+            if self._workers is None:
+                if self._seen <= self._processes_after:
+                    return False
+                self._workers = Workers(self.jobs)
+            self._working = self._workers.ready()
+        except OSError as exc:  # no processes here (a sandbox, no interpreter): threads go on
+            log.debug("validate: worker processes not started (%s); threads go on", exc)
+            if self._workers is not None:
+                self._workers.close(wait=False)
+            self._workers = self._processes_after = None
+            return False
+        if self._working and self._batch:
+            self._submit()  # what the threads were to take until now
+        return self._working
 
     def _send_local(self) -> None:
         """The process batch to the least busy process, folder by folder; chunks of a folder
@@ -373,18 +367,22 @@ class ChunkChecker:
                     self._queue(job)
                 continue
             start = len(folder)
-            token = self._token(jobs[0].array)[0]  # one folder, one array
-            names = [job.key[start:] for job in jobs]
-            groups.append(Group(folder, path, token, names, [job.position for job in jobs]))
-            sent += jobs
+            for ident, same in groupby(jobs, _array_of):  # (one folder is one array's)
+                chunks = list(same)
+                names = [job.key[start:] for job in chunks]
+                positions = [job.position for job in chunks]
+                token = self._known[ident].token
+                groups.append(Group(folder, path, token, names, positions))
+                sent += chunks
         if groups:
-            for jobs, outcome in self._workers.submit(sent, groups, self._arrays):
-                self._settle(jobs, outcome)  # type: ignore[arg-type]
+            for jobs, outcome in self._workers.submit(sent, groups, self._pickled):
+                self._settle(jobs, outcome)
 
     def _settle(self, jobs: list[ChunkJob], outcome: Outcome) -> None:
         """A process batch done: counted; the chunks it could not read, to the threads."""
+        self.in_processes += outcome.judged
         self.report.add_chunks(
-            outcome.count, outcome.nbytes, outcome.invalid, outcome.unreadable, self.progress
+            outcome.judged, outcome.nbytes, outcome.invalid, outcome.unreadable, self.progress
         )
         for index in outcome.retry:
             self._queue(jobs[index])
@@ -392,6 +390,10 @@ class ChunkChecker:
 
 def _folder_of(job: ChunkJob) -> str:
     return job.key[: job.key.rfind("/") + 1]
+
+
+def _array_of(job: ChunkJob) -> int:
+    return id(job.array)
 
 
 def _present(data: bytes | None) -> bytes | Unread:

@@ -53,6 +53,22 @@ def scan_keys(store: KvStore, directory: str, prefix: str) -> Iterator[str]:
     yield from _scan(store, fd, prefix)
 
 
+_FILE, _FOLDER, _LINK, _OTHER = "file", "folder", "link", "other"
+
+
+def _kind(entry: os.DirEntry[str]) -> str:
+    """What a scanned entry is, from its ``d_type`` (an ``lstat`` where the filesystem gives
+    none: then an entry removed since the scan is :data:`_OTHER`, no key)."""
+    try:
+        if entry.is_file(follow_symlinks=False):
+            return _FILE
+        if entry.is_dir(follow_symlinks=False):
+            return _FOLDER
+        return _LINK if entry.is_symlink() else _OTHER
+    except FileNotFoundError:
+        return _OTHER
+
+
 def _scan(store: KvStore, fd: int, base: str) -> Iterator[str]:
     """The keys below folder ``base``, open as ``fd`` (closed here): its files as they are
     scanned, then its sub-folders' keys."""
@@ -63,13 +79,14 @@ def _scan(store: KvStore, fd: int, base: str) -> Iterator[str]:
                 name = entry.name
                 if is_partial(name):
                     continue
-                if entry.is_file(follow_symlinks=False):
+                kind = _kind(entry)
+                if kind is _FILE:
                     yield base + name
-                elif entry.is_dir(follow_symlinks=False):
+                elif kind is _FOLDER:
                     folders.append(name)
-                elif entry.is_symlink() and store.stat(base + name) is not None:
+                elif kind is _LINK and store.stat(base + name) is not None:
                     yield base + name  # a link the store reads as a file
-                # else a FIFO, socket or device: no key
+                # else a FIFO, socket or device, or gone since the scan: no key
         for name in folders:
             try:
                 sub = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)

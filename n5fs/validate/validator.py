@@ -1,14 +1,17 @@
 """The fsck of chunked array stores: every metadata file and every chunk, checked in parallel.
 
 The caller's thread walks the folders, lists each array once (flat: its chunks may sit in
-sub-folders) and classifies every key; chunks go to :class:`~n5fs.validate.chunks.ChunkChecker`
-as they are listed, so reads and decoding on the workers overlap the listing. Only counters
+sub-folders; on local files by names only, as they are scanned, :mod:`.localscan`) and
+classifies every key; chunks go to :class:`~n5fs.validate.chunks.ChunkChecker` as they are
+listed, so reads and decoding on the workers (threads, or processes for a large run on local
+files) overlap the listing. Only counters
 and findings grow with the store; chunk bytes stay within the checker's bounded window. Keys
 that are neither metadata nor chunks (README files, temp files of writers) are counted, not
 judged. A store fault on one key (it cannot be read, or is gone since it was listed) makes
 that key ``unreadable``, not fatal and never valid: the run goes on, and its report is not
 :attr:`~n5fs.validate.report.Report.ok`. A fault that stops the walk itself (a listing that
-keeps failing) ends the run with the error: nothing is reported for keys never listed.
+keeps failing), or a worker process that dies, ends the run with the error: nothing is
+reported for keys never listed or never checked.
 
 What each key is comes from :mod:`n5fs.classify`, the classifier the mount's commits use, so
 ``validate`` and the mount give one verdict per key: a key the mount would refuse is reported
@@ -29,10 +32,10 @@ from n5fs.detect import Detector, Folder, FolderKind
 from n5fs.errors import N5fsError, Rejected
 from n5fs.formats.base import KeyKind
 from n5fs.formats.registry import CONSOLIDATIONS
-from n5fs.kvstore.spec import ZipSpec
 from n5fs.kvstore.abilities import local_files
+from n5fs.kvstore.spec import ZipSpec
 from n5fs.validate.check import STORE_FAULTS, VANISHED
-from n5fs.validate.chunks import UNKNOWN_SIZE, ChunkChecker, ChunkJob
+from n5fs.validate.chunks import PROCESSES_AFTER, UNKNOWN_SIZE, ChunkChecker, ChunkJob
 from n5fs.validate.localscan import scan_keys
 from n5fs.validate.report import Finding, Progress, Report, finding
 
@@ -68,12 +71,20 @@ def default_jobs(store: KvStore) -> int:
 class Validator:
     """Checks one store. ``progress`` is updated as work proceeds, from worker threads.
 
-    ``jobs`` is the number of worker threads (default: :func:`default_jobs`). ``run`` is
-    called once, from one thread.
+    ``jobs`` is the number of workers (default: :func:`default_jobs`); ``processes_after``
+    the number of chunks after which a store with local files goes on in worker processes
+    (None: threads only; see :mod:`.chunks`). ``run`` is called once, from one thread.
     """
 
-    def __init__(self, store: KvStore, *, jobs: int | None = None) -> None:
+    def __init__(
+        self,
+        store: KvStore,
+        *,
+        jobs: int | None = None,
+        processes_after: int | None = PROCESSES_AFTER,
+    ) -> None:
         self.store = store
+        self.processes_after = processes_after
         self.detector = Detector(store)
         self.classifier = Classifier(self.detector)
         #: parsed metadata documents by key: what consolidated documents are checked against
@@ -83,7 +94,14 @@ class Validator:
         self.report = Report()
 
     def run(self, prefix: str = "") -> Report:
-        with ChunkChecker(self.store, self.report, self.progress, self.jobs) as chunks:
+        checker = ChunkChecker(
+            self.store,
+            self.report,
+            self.progress,
+            self.jobs,
+            processes_after=self.processes_after,
+        )
+        with checker as chunks:
             for folder in self.detector.walk(prefix, on_error=self._folder_failed):
                 self._check_folder(folder, chunks)
             chunks.flush()
