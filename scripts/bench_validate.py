@@ -14,6 +14,18 @@ kvstore in the same run. The temp dir is removed at the end.
     python scripts/bench_validate.py --store [--n5-gib 1] [--zarr-chunks 50000] [--jobs N]
     python scripts/bench_validate.py --store --quick      # small smoke run
     python scripts/bench_validate.py --store --stores file  # no moto server, no upload
+
+A million small chunks (``--million``): ``n5fs validate`` from the command line over a Zarr v2
+array of one-byte chunks on the file store (``--layout nested``: a folder per row, ``flat``:
+one folder), this checkout against another (``--against DIR``, e.g. a checkout of main), the
+two taking turns each round, each in a fresh interpreter run from a temp dir with
+``PYTHONPATH`` naming its checkout. Reported: chunks/s, and peak RSS of the validate process
+alone and of it with its worker processes (sampled, summed). The tree is made in a temp dir
+and removed at the end; ``--tree DIR`` makes it there once and keeps it (a million files take
+a minute to write). The page cache is warm after the first run: the figures are warm.
+
+    python scripts/bench_validate.py --million [1000000] [--layout nested,flat]
+        [--against /path/to/main] [--tree DIR] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -374,6 +386,126 @@ def bench_stores(args: argparse.Namespace) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+# -- a million small chunks: n5fs validate of this checkout against another ------------------
+
+
+def make_small_tree(root: Path, chunks: int, layout: str) -> Path:
+    """A Zarr v2 array of one-byte uint8 chunks (no compressor) at ``root/layout``, on a grid of
+    1000 columns; written once (kept if it is there). Bare ``os.open``/``os.write``."""
+    array = root / layout
+    doc_path = array / ".zarray"
+    cols = min(chunks, 1000)
+    rows = -(-chunks // cols)
+    sep = "/" if layout == "nested" else "."
+    zarray = {"zarr_format": 2, "shape": [rows, cols], "chunks": [1, 1], "dtype": "|u1",
+              "compressor": None, "fill_value": 0, "order": "C", "filters": None,
+              "dimension_separator": sep}  # fmt: skip
+    if doc_path.exists() and json.loads(doc_path.read_text()) == zarray:
+        return array
+    array.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    start = time.perf_counter()
+    for index in range(chunks):
+        row, col = divmod(index, cols)
+        if sep == "/" and col == 0:
+            (array / str(row)).mkdir(exist_ok=True)
+        fd = os.open(f"{array}/{row}{sep}{col}", flags, 0o644)
+        os.write(fd, bytes([index & 0xFF]))
+        os.close(fd)
+    doc_path.write_text(json.dumps(zarray))  # last: a tree cut short is made again
+    print(f"wrote {chunks} chunks ({layout}) in {time.perf_counter() - start:.0f} s", flush=True)
+    return array
+
+
+def tree_rss_kib(pid: int) -> int:
+    """RSS of ``pid`` and every process below it (``/proc``), KiB; 0 once it is gone."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines()
+                       if line.startswith("VmRSS:")), 0)  # fmt: skip
+    return total
+
+
+def run_validate_cli(checkout: Path, array: Path, chunks: int) -> tuple[float, int, int]:
+    """Seconds, peak RSS of the validate process alone, and summed with its workers (MiB)."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    argv = [sys.executable, "-m", "n5fs", "validate", "--json", str(array)]
+    with tempfile.TemporaryDirectory() as cwd:  # no checkout in the current directory
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE)
+        assert proc.stdout is not None
+        with proc.stdout:
+            out = b""
+            peak = 0
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                peak = max(peak, tree_rss_kib(proc.pid))
+                time.sleep(0.05)
+            elapsed = time.perf_counter() - start
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            out = proc.stdout.read()
+    if proc.returncode != 0:
+        raise RuntimeError(f"n5fs validate ({checkout}) exited {proc.returncode}")
+    checked = json.loads(out)["checked"]["chunks"]
+    if checked != chunks:
+        raise RuntimeError(f"n5fs validate ({checkout}) checked {checked} of {chunks} chunks")
+    return elapsed, usage.ru_maxrss // 1024, max(peak, usage.ru_maxrss) // 1024
+
+
+def bench_million(args: argparse.Namespace) -> None:
+    here = Path(__file__).resolve().parent.parent
+    checkouts = {"this": here}
+    if args.against:
+        checkouts = {"against": args.against.resolve(), **checkouts}
+    tmp = Path(tempfile.mkdtemp(prefix="n5fs-bench-million-"))
+    root = args.tree or tmp / "tree"
+    print(f"load before: {os.getloadavg()[0]:.2f}; checkouts: "
+          + ", ".join(f"{k}={v}" for k, v in checkouts.items()), flush=True)  # fmt: skip
+    try:
+        results: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
+        for layout in args.layout.split(","):
+            array = make_small_tree(root, args.million, layout)
+            run_validate_cli(here, array, args.million)  # warm the page cache, not timed
+            for _ in range(args.rounds or 2):
+                for name, checkout in checkouts.items():
+                    got = run_validate_cli(checkout, array, args.million)
+                    results.setdefault((layout, name), []).append(got)
+                    print(f"  {layout:<7}{name:<8}{got[0]:7.2f} s  {args.million / got[0]:8.0f} "
+                          f"chunks/s  RSS {got[1]} MiB, with workers {got[2]}",
+                          flush=True)  # fmt: skip
+        print(
+            f"\n{args.million} one-byte Zarr v2 chunks, `n5fs validate --json` from the command "
+            f"line, best of {args.rounds or 2} rounds (load after: {os.getloadavg()[0]:.2f})"
+        )
+        print(f"{'layout':<8}{'code':<9}{'s':>7}{'chunks/s':>10}{'RSS MiB':>9}"
+              f"{'+workers':>10}{'ratio':>7}")  # fmt: skip
+        for layout in args.layout.split(","):
+            base = min(r[0] for r in results.get((layout, "against"), [(0.0, 0, 0)]))
+            for name in checkouts:
+                runs = results[(layout, name)]
+                best = min(r[0] for r in runs)
+                own, rss = max(r[1] for r in runs), max(r[2] for r in runs)
+                ratio = f"{base / best:6.2f}x" if base else ""
+                print(f"{layout:<8}{name:<9}{best:>7.2f}{args.million / best:>10.0f}{own:>9}"
+                      f"{rss:>10}{ratio:>7}")  # fmt: skip
+        print(
+            "peak RSS: of the validate process (its rusage); +workers: it and its worker "
+            "processes, summed (sampled every 50 ms); ratio: the other checkout's time over "
+            "this one's"
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", type=int, default=64, help="per chunk: chunk side")
@@ -394,7 +526,24 @@ def main() -> None:
         default={"file", "s3"},
         help="which stores to time, comma-separated (default: file,s3)",
     )
+    parser.add_argument(
+        "--million",
+        type=int,
+        nargs="?",
+        const=1_000_000,
+        default=None,
+        metavar="CHUNKS",
+        help="validate CHUNKS (a million) one-byte chunks from the command line",
+    )
+    parser.add_argument(
+        "--layout", default="nested,flat", help="--million: nested (a folder per row), flat"
+    )
+    parser.add_argument("--against", type=Path, help="--million: the checkout to compare with")
+    parser.add_argument("--tree", type=Path, help="--million: make the tree here once, keep it")
     args = parser.parse_args()
+    if args.million:
+        bench_million(args)
+        return
     if not args.store:
         bench_chunks(args)
         return

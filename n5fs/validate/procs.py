@@ -331,11 +331,13 @@ class Workers(Generic[Job]):
 
     def close(self, *, wait: bool = True) -> None:
         """Stop every worker: its pipe closed (it exits once done with the batch it is on;
-        ``wait``: given :data:`EXIT_WAIT` for that), then killed if it has not exited."""
+        ``wait``: given :data:`EXIT_WAIT` for that), then killed if it has not exited; one not
+        ready yet (it holds nothing, and would notice the closed pipe only once its imports
+        are done) at once."""
         for conn in (*self._sends, *self._recvs):
             conn.close()
-        for proc in self._procs:
-            _stop(proc, EXIT_WAIT if wait else 0)
+        for proc, ready in zip(self._procs, self._ready, strict=True):
+            _stop(proc, EXIT_WAIT if wait and ready else 0)  # one still starting holds nothing
         self._sends, self._recvs, self._procs = [], [], []
 
 
