@@ -49,12 +49,13 @@ VALIDATE_EXIT_STATUS = f"""\
 Exit status: {EXIT_VALID} when every metadata file and chunk was read and is valid;
 {EXIT_INVALID} when something is invalid (or SOURCE holds no group or array at all, unless
 --allow-empty); {EXIT_CANNOT_RUN} when validate could not run (bad arguments, SOURCE does not
-exist, a listing of the store that kept failing); {EXIT_UNREADABLE} when nothing read is
-invalid but some files could not be read or decoded because of a store fault (I/O errors, a
-backend that kept failing, a zip member that cannot be extracted, a key deleted while
-validating): they are listed as UNREADABLE (--json: "unreadable", each with its error) and
-were not checked, so run validate again once the store answers. When some files are invalid
-and others unreadable, the status is {EXIT_INVALID}.
+exist, a listing of the store that kept failing, a worker process that died: its chunks
+were not checked); {EXIT_UNREADABLE} when nothing read is invalid but some files could not
+be read or decoded because of a store fault (I/O errors, a backend that kept failing, a zip
+member that cannot be extracted, a key deleted while validating): they are listed as
+UNREADABLE (--json: "unreadable", each with its error) and were not checked, so run
+validate again once the store answers. When some files are invalid and others unreadable,
+the status is {EXIT_INVALID}.
 """
 
 
