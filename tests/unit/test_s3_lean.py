@@ -349,3 +349,37 @@ def test_damaged_bytes_are_read_again_then_refused(
     proxy.inject(Fault("corrupt", method="GET"))
     with pytest.raises(StoreUnavailable, match="could not be read intact"):
         store.get("damaged")
+
+
+# -- timestamps ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-11-28T09:42:08.000Z",
+        "2026-11-28T09:42:08.123Z",
+        "2026-11-28T09:42:08.5Z",
+        "2026-11-28T09:42:08.123456Z",
+        "2026-11-28T09:42:08Z",
+        "2026-11-28T09:42:08.000+02:00",
+        "Sat, 28 Nov 2026 09:42:08 GMT",
+        "1764322928",
+    ],
+)
+def test_timestamps_parse_as_botocore_parses_them(text: str) -> None:
+    from botocore.utils import parse_timestamp as botocores
+
+    from n5fs.kvstore.s3.client import parse_timestamp
+
+    mine, theirs = parse_timestamp(text), botocores(text)
+    assert mine == theirs
+    assert mine.utcoffset() == theirs.utcoffset()
+    assert type(mine.tzinfo) is type(theirs.tzinfo)
+
+
+def test_listings_carry_the_times_botocore_would_parse(store: S3Store, s3_server: Any) -> None:
+    store.set("when", b"x")
+    (info,) = store.list("").keys
+    head = s3_server.client().head_object(Bucket=store.spec.bucket, Key=PREFIX + "when")
+    assert info.mtime == head["LastModified"].timestamp()
