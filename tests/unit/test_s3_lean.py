@@ -110,6 +110,17 @@ def test_reads_after_the_first_skip_botocore_and_answer_alike(
     assert len(sends) == 1
 
 
+def test_a_ranged_first_read_teaches_the_route(store: S3Store) -> None:
+    data = value(4, 1000)
+    store.set("ranged", data)
+    assert store.get("ranged", ByteRange(-100)) == data[-100:]  # botocore's, with a Range
+    assert store._lean.ready, store._lean.refused
+    sends = Sends(store)
+    assert store.get("ranged", ByteRange(10, 20)) == data[10:30]
+    assert store.get("ranged") == data
+    assert len(sends) == 0
+
+
 @pytest.mark.parametrize("scheme", ["http", "https"])
 @pytest.mark.parametrize("token", [None, "session-token"])
 def test_the_signature_is_botocores(scheme: str, token: str | None) -> None:

@@ -65,7 +65,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["LeanGets"]
 
-#: headers botocore makes per request; the route's other headers are constants
+#: headers botocore makes per request (and those of the request's own arguments); the
+#: route's other headers are constants
 _PER_REQUEST = frozenset(
     {
         "authorization",
@@ -73,6 +74,8 @@ _PER_REQUEST = frozenset(
         "x-amz-security-token",
         "amz-sdk-invocation-id",
         "amz-sdk-request",
+        "range",
+        "if-match",
     }
 )
 #: headers botocore leaves out of the signature (those a GET of ours can carry; the
