@@ -5,7 +5,6 @@ deterministic race); plain trees are not probed."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -300,38 +299,6 @@ def test_an_impatient_waiter_lists_its_folder_alone(
     finally:
         held.release()
     assert [n for n, _ in gw.readdir("/arr/6/0")] == ["0", "1"]  # read ahead with arr/5/
-
-
-def test_a_waiter_in_a_big_part_lists_its_folder_alone_until_a_page_is_stored() -> None:
-    """A part that promises more than ALONE_ABOVE keys (a 32 x 32 grid walked whole): the first
-    lookups list their folders alone while the walk's first page is on its way (held here);
-    once it is stored, the walk answers the others. A small array's waiters wait (above)."""
-    store = CountingStore(MemoryStore())
-    zarray = {
-        "zarr_format": 2, "shape": [64, 64], "chunks": [2, 2], "dtype": "|u1",
-        "compressor": None, "fill_value": 0, "order": "C", "filters": None,
-        "dimension_separator": "/",
-    }  # fmt: skip
-    store.inner.set("arr/.zarray", json.dumps(zarray).encode())
-    for i in range(3):
-        for j in range(3):
-            store.inner.set(f"arr/{i}/{j}", bytes([i, j, 0, 0]))
-    assert walks_module.ALONE_ABOVE < 32 * 32
-    held = store.gate("walk", "arr/", when="before")
-    gw = Gateway(store, GatewayConfig(read_only=True))
-    try:
-        with ThreadPoolExecutor(1) as pool:  # (a waiter for the walk would hang: held)
-            first = pool.submit(gw.read_file, "/arr/0/1").result(WAIT)
-            second = pool.submit(gw.read_file, "/arr/1/2").result(WAIT)
-        assert (first, second) == (bytes([0, 1, 0, 0]), bytes([1, 2, 0, 0]))
-        assert lists(store)["arr/0/"] == lists(store)["arr/1/"] == 1
-        held.wait_reached()
-    finally:
-        held.release()
-    settle(gw)
-    assert walks(store) == {"arr/": 1}
-    assert gw.read_file("/arr/2/2") == bytes([2, 2, 0, 0])  # the walk's
-    assert "arr/2/" not in lists(store)
 
 
 @pytest.mark.parametrize("page", [2, 6])  # 70 keys in 12 folders: split, or one walk

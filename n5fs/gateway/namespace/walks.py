@@ -23,11 +23,7 @@ How (:class:`ArrayWalks`):
 - every miss in a part waits on that part's walk (one walk per part however many threads
   ask); a part is walked again when it is needed once ``ttl`` has passed since it ended. A
   waiter waits about two pages' time (once pages were timed): a walk further from its folder
-  lets it list the folder alone meanwhile. A waiter whose part promises more than
-  :data:`ALONE_ABOVE` keys (by the array's grid) and has stored no page yet lists its folder
-  alone at once, while the walk goes on: an endpoint answers a full page of 1,000 keys far
-  later than a folder of a few (moto: 0.2-0.3 s against ~10 ms), and the first chunks a
-  reader asks for would wait for it (TensorStore's first blocks did);
+  lets it list the folder alone meanwhile;
 - folders go into the listings cache through a :class:`~n5fs.singleflight.Batch` per part, each
   with the time the request that read its first key began (a request answers at most
   :data:`PAGE` keys, so it began no later than the walk's ask for the key :data:`PAGE` keys
@@ -84,9 +80,6 @@ MAX_SPLIT = 256
 WAIT_LIMIT = 60.0
 #: the least a waiter waits for a walk once pages are timed (seconds)
 MIN_PATIENCE = 0.02
-#: a waiter whose part promises more keys than this, and has no page stored yet, lists its
-#: folder alone at once (module docstring)
-ALONE_ABOVE = 256
 
 
 @dataclass(eq=False)
@@ -128,15 +121,6 @@ class _Walk:
             return True  # stored by the plan's LIST before any part began
         part = self.part_of(folder)
         return part is None or part.answers(folder)
-
-    def first_page_pending(self, folder: str, node: ArrayNode | None) -> bool:
-        """Under ``cond``: is ``folder`` in a part that promises more than
-        :data:`ALONE_ABOVE` keys and has stored no page yet (its waiter lists it alone)?"""
-        part = self.part_of(folder)
-        if part is None or folder in self.levels or part.upto or part.ended_at is not None:
-            return False
-        keys = math.prod(node.grid) if node is not None else 0
-        return keys > ALONE_ABOVE * max(1, len(self.parts))
 
     def part_of(self, folder: str) -> _Part | None:
         return next((p for p in self.parts if folder.startswith(p.prefix)), None)
@@ -211,11 +195,8 @@ class ArrayWalks:
             if not walk.cond.wait_for(lambda: walk.planned_at is not None, left):
                 return
             start = walk.demand(folder, self._clock(), self.ttl)
-            alone = walk.first_page_pending(folder, node)
         for part in start:
             self._submit(self._read, walk, part)
-        if alone:
-            return  # listed alone while the walk reads its first page
         with walk.cond:
             left = max(0.0, deadline - time.monotonic())
             answered = walk.cond.wait_for(lambda: walk.answers(folder), left)
