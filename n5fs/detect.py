@@ -6,6 +6,15 @@ every format declares the relative names it probes; a folder's probes are fetche
 (in parallel on S3) and every format is asked. Unlike TensorStore, groups are detected too, and
 every folder of a hierarchy knows whether it is a group, an array, a chunk folder of an array,
 or plain. Results are cached until a metadata key under the folder changes (``invalidate``).
+
+Where the owner keeps folder listings (the gateway), it hands the detector ``listed``: the
+files a fresh listing of a folder holds (:class:`Listed`), and the bytes it already holds of
+them. Only the probe names listed and not held are fetched (on S3 a folder without metadata
+then costs no request, not five GETs), and the answer expires when
+that listing would (:meth:`~n5fs.singleflight.LoadingCache.cap`): another writer's new
+metadata is seen no later than through the listing itself. The owner patches or drops a
+listing before it invalidates the detector for a change of its own (a detection that began
+in between is grounded by the invalidation; one that begins after sees the patched listing).
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from n5fs.errors import DetectionFailed, InvalidSource, Rejected
@@ -23,16 +32,28 @@ from n5fs.kvstore.base import ByteRange, KvStore
 from n5fs.kvstore.keys import basename, dir_prefix, folder_of, parent, split_path
 from n5fs.kvstore.registry import open_spec
 from n5fs.kvstore.spec import StoreSpec, ZipSpec, parse_spec
+from n5fs.locking import LEAF, ranked_lock
 from n5fs.singleflight import LoadingCache
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator, Mapping
+    from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 
 log = logging.getLogger(__name__)
 
 #: the end-of-central-directory record is 22 bytes plus a comment of up to 64 KiB
 ZIP_TAIL = 65_535 + 22
 _EOCD = b"PK\x05\x06"
+
+
+@dataclass(frozen=True)
+class Listed:
+    """What the owner's fresh listing of a folder says (``Detector(listed=...)``): the names
+    of the files it holds, the time (on the detector's clock) until which it is fresh, and
+    the bytes the owner already holds of some of them at the version listed."""
+
+    files: Container[str]
+    until: float
+    held: Mapping[str, bytes] = field(default_factory=dict)
 
 
 class FolderKind(enum.Enum):
@@ -142,9 +163,14 @@ class Detector:
     """Folder kinds of one store, cached; ``invalidate`` after every metadata change.
 
     ``ttl`` (seconds, None = forever) bounds how long an answer may be stale when someone
-    else writes the store; ``clock`` is injectable so tests never sleep.
+    else writes the store; ``clock`` is injectable so tests never sleep. ``listed(prefix)``,
+    where given: what a fresh listing of the folder says (:class:`Listed`), or None when no
+    fresh one is cached; it must never send a request (module docstring).
 
-    Concurrency: the answers live in a :class:`~n5fs.singleflight.LoadingCache`, so threads that
+    Concurrency: the folders :meth:`forget` sends to the store are a table under ``_lock``
+    (a leaf lock, held for one table operation); a folder leaves it once a detection probed
+    the store and no ``forget`` of it came meanwhile. The answers live in a
+    :class:`~n5fs.singleflight.LoadingCache`, so threads that
     ask about one folder share one detection, a detection that began before an
     ``invalidate`` of its folder is never stored (a folder cached as plain after its array was
     created would let chunks in unvalidated), and failed detections (format clash, broken
@@ -157,8 +183,15 @@ class Detector:
         *,
         ttl: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        listed: Callable[[str], Listed | None] | None = None,
     ) -> None:
         self.store = store
+        self._listed = listed
+        #: folders whose next detection probes the store, not the listings (:meth:`forget`),
+        #: each with the number of the ``forget`` that asked
+        self._from_store: dict[str, int] = {}
+        self._asked = 0
+        self._lock = ranked_lock("detection: folders to probe", LEAF)
         self._cache: LoadingCache[Folder] = LoadingCache(
             ttl, clock=clock, negative=(DetectionFailed, Rejected)
         )
@@ -174,7 +207,7 @@ class Detector:
         if above is not None and above.kind in (FolderKind.ARRAY, FolderKind.CHUNKS):
             owner = above.array_prefix if above.kind is FolderKind.CHUNKS else above.prefix
             return Folder(prefix, FolderKind.CHUNKS, above.fmt, array_prefix=owner)
-        probes = self.probe(prefix)
+        probes = self._detection_probes(prefix)
         found = candidates(probes)
         if len(found) > 1:
             raise _ambiguous(prefix, found, probes)
@@ -196,10 +229,37 @@ class Detector:
         )
 
     def probe(self, prefix: str) -> dict[str, bytes]:
-        """The probe files present in the folder, fetched in one batch."""
-        names = sorted(PROBE_NAMES)
+        """The probe files present in the folder, fetched from the store in one batch (what
+        a commit validates against: never a listing's guess)."""
+        return self._fetch(prefix, sorted(PROBE_NAMES))
+
+    def _fetch(self, prefix: str, names: list[str]) -> dict[str, bytes]:
+        if not names:
+            return {}
         got = self.store.get_many([prefix + name for name in names])
         return {name: value for name in names if (value := got.get(prefix + name)) is not None}
+
+    def _detection_probes(self, prefix: str) -> dict[str, bytes]:
+        """The probes a detection of ``prefix`` goes by: those a fresh listing holds (their
+        bytes from the owner where it holds them), the answer then capped to expire with
+        that listing; all of them from the store where no listing is known, or where
+        :meth:`forget` asked for the store."""
+        with self._lock:
+            asked = self._from_store.get(prefix)
+        if asked is not None:  # kept until a store probe that no later forget overtook
+            probes = self.probe(prefix)
+            with self._lock:
+                if self._from_store.get(prefix) == asked:
+                    del self._from_store[prefix]
+            return probes
+        known = None if self._listed is None else self._listed(prefix)
+        if known is None:
+            return self.probe(prefix)
+        self._cache.cap(prefix, known.until)
+        listed = [name for name in sorted(PROBE_NAMES) if name in known.files]
+        held = {name: known.held[name] for name in listed if name in known.held}
+        fetched = self._fetch(prefix, [name for name in listed if name not in held])
+        return {name: probes[name] for probes in (held, fetched) for name in probes}
 
     def owner(self, key: str) -> Folder:
         """The folder that gives ``key`` its meaning (its array for a chunk key)."""
@@ -238,8 +298,13 @@ class Detector:
         return out
 
     def forget(self, folders: Iterable[str]) -> None:
-        """Drop the cached answers of exactly ``folders`` (each detected afresh next time)."""
+        """Drop the cached answers of exactly ``folders``: each is detected afresh next time,
+        by probes of the store (not by the owner's listings, which may be as old as the
+        answer: a commit asks this when the answer may be stale)."""
         for folder in folders:
+            with self._lock:
+                self._asked += 1
+                self._from_store[dir_prefix(folder)] = self._asked
             self._cache.invalidate(folder)
 
     def clear(self) -> None:

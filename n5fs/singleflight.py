@@ -24,6 +24,10 @@ answers ENOENT until the TTL). Here every load is a *flight*:
   cache can know). A batch is not single-flight by itself: its owner shares it (the
   gateway's walks of arrays).
 
+A value derived from another cache's value (detection from a folder's listing) may be no
+fresher than that one: its loader ``cap``-s its flight to the time the other value expires
+(``get_until``), and the stored value expires then if its TTL would keep it longer.
+
 With ``revalidate_after`` (the gateway's folder listings), a value past its TTL whose load took
 at least that long is served at once while one flight refreshes it on a small pool
 (:data:`REFRESHERS` threads), as HTTP's stale-while-revalidate: a folder whose LIST takes
@@ -52,6 +56,7 @@ gateway both use it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -85,6 +90,8 @@ class _Flight(Generic[V]):
     value: V | None = None
     error: BaseException | None = None
     stale: bool = False
+    #: the value is fresh until this time at the latest (:meth:`LoadingCache.cap`)
+    until: float | None = None
 
 
 class Batch(Generic[V]):
@@ -142,6 +149,8 @@ class _Entry(Generic[V]):
     took: float = 0.0
     #: what ``weigh`` said of the value (0 without ``weigh``)
     weight: int = 0
+    #: no longer fresh from this time on, whatever the TTL says (None: the TTL alone)
+    until: float | None = None
 
 
 class LoadingCache(Generic[V]):
@@ -200,6 +209,10 @@ class LoadingCache(Generic[V]):
             if drop and not self._serves_stale(entry):
                 self._drop(key)
             return None
+        if entry.until is not None and now >= entry.until:
+            if drop:
+                self._drop(key)
+            return None
         self._data.move_to_end(key)
         return entry
 
@@ -224,6 +237,28 @@ class LoadingCache(Generic[V]):
         with self._lock:
             entry = self._fresh(key, self._clock(), drop=False)
         return entry.value if entry is not None else None
+
+    def get_until(self, key: str) -> tuple[V, float] | None:
+        """The cached value and the time (on this cache's clock) until which it stays fresh
+        (``inf`` without a TTL), or None (absent, expired, or a negative entry); never
+        loads. The time is what a value derived from this one may :meth:`cap` itself to."""
+        with self._lock:
+            entry = self._fresh(key, self._clock(), drop=False)
+            if entry is None or entry.value is None:
+                return None
+            until = math.inf if self.ttl is None else entry.arrived + self._lifetime(entry)
+            if entry.until is not None:
+                until = min(until, entry.until)
+            return entry.value, until
+
+    def cap(self, key: str, until: float) -> None:
+        """The load of ``key`` in flight (the caller's own, from inside its loader) is
+        derived from something fresh only until ``until``: its value, once stored, expires
+        then if its TTL would keep it longer. No flight of ``key``: nothing happens."""
+        with self._lock:
+            flight = self._flights.get(key)
+            if flight is not None:
+                flight.until = until if flight.until is None else min(flight.until, until)
 
     def peek(self, key: str) -> V | None:
         """The value held for ``key`` even past its TTL (None: none, or a negative entry);
@@ -297,7 +332,8 @@ class LoadingCache(Generic[V]):
             )
             if keep:
                 now = self._clock()
-                self._store(key, _Entry(now, flight.value, flight.error, now - began))
+                entry = _Entry(now, flight.value, flight.error, now - began, until=flight.until)
+                self._store(key, entry)
             elif flight.stale:
                 self.discarded += 1
             else:  # a failed load: an expired value it was refreshing must not outlive it
@@ -380,7 +416,7 @@ class LoadingCache(Generic[V]):
             if entry is None or entry.value is None:
                 self._drop(key)  # a negative entry says nothing about the change
                 return False
-            changed = _Entry(entry.arrived, change(entry.value), took=entry.took)
+            changed = _Entry(entry.arrived, change(entry.value), took=entry.took, until=entry.until)
             self._store(key, changed)
             return True
 

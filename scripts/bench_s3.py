@@ -562,7 +562,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="n5fs-bench-s3-", dir=args.tmp))
+    tmp = Path(tempfile.mkdtemp(prefix="n5fs-bench-s3-", dir=args.tmp)).resolve()
+    os.chdir(tmp)  # ``python -m n5fs`` must not find a checkout in the working directory
     try:
         report(run(args, tmp), args)
     finally:

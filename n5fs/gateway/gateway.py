@@ -34,7 +34,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING
 
-from n5fs.detect import Detector
+from n5fs.detect import Detector, Listed
 from n5fs.errors import (
     AccessDenied,
     IsAPrefix,
@@ -44,6 +44,7 @@ from n5fs.errors import (
     PrefixNotEmpty,
     Rejected,
 )
+from n5fs.formats.registry import PROBE_NAMES
 from n5fs.gateway.commit.committer import Committer
 from n5fs.gateway.commit.conditional import Conditional
 from n5fs.gateway.commit.renames import Renamer
@@ -58,6 +59,7 @@ from n5fs.gateway.namespace.paths import (
     path_to_key,
     statfs_of,
 )
+from n5fs.gateway.read.byte_cache import version_of
 from n5fs.gateway.read.reader import ObjectReader, PageCache
 from n5fs.gateway.write.filecalls import FileCalls, read_whole
 from n5fs.gateway.write.handles import OpenFiles, StagingConfig
@@ -105,7 +107,7 @@ class Gateway:
         if durability is not None:
             durability.set_durability(Durability(cfg.durable))
         ttl = 0.0 if cfg.consistency == "strict" else cfg.ttl
-        self.detector = Detector(store, ttl=ttl, clock=clock)
+        self.detector = Detector(store, ttl=ttl, clock=clock, listed=self._fresh_files)
         self.budget = StagingBudget(cfg.staging_bytes)
         self.files = OpenFiles(
             store, self.budget, StagingConfig(cfg.spill_bytes, cfg.tmp_dir, cfg.max_file_size)
@@ -208,6 +210,26 @@ class Gateway:
 
     def _control_bytes(self, key: str) -> bytes:
         return self.control.content(key)  # (made before the control entries exist)
+
+    def _fresh_files(self, prefix: str) -> Listed | None:
+        """The files of ``prefix`` as a fresh cached listing holds them, when it expires, and
+        the cached bytes of its probe files at the versions listed; never a request. The
+        detector fetches only the probe files listed and not held: every change of this
+        mount patches (or drops) the listing before it invalidates the detector
+        (:mod:`~n5fs.gateway.commit.committer`), and another writer's change is seen when
+        the listing expires."""
+        known = self.view.listings.get_until(prefix)
+        if known is None:
+            return None
+        entries, until = known
+        held = {}
+        for name in PROBE_NAMES:
+            info = entries.files.get(name)
+            if info is not None:
+                data = self.reader.cache.get(prefix + name, version_of(info))
+                if data is not None:
+                    held[name] = data
+        return Listed(entries.files, until, held)
 
     def _listed_files(self, prefix: str) -> FileMap | None:
         """The files of ``prefix`` as the last listing held them, even past its TTL (what

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import zarr
 
+from n5fs.detect import FolderKind
 from n5fs.errors import IsAPrefix, KeyNotFound, StoreUnavailable
 from n5fs.gateway import EntryKind, Gateway, GatewayConfig
 from n5fs.gateway.namespace import walks as walks_module
@@ -25,7 +26,8 @@ from n5fs.kvstore.base import KeyInfo, KvStore
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
 from n5fs.singleflight import LoadingCache
-from n5fs.testing.doubles import WAIT, CountingStore, FaultyStore
+from n5fs.testing.doubles import WAIT, Clock, CountingStore, FaultyStore
+from tests.writers import ramp, tensorstore_n5
 
 ROWS, COLS = 12, 5  # a 24 x 10 array in 2 x 2 chunks: 12 chunk folders of 5 chunks
 
@@ -337,6 +339,66 @@ def test_plain_trees_are_not_probed() -> None:
         assert gw.stat(f"/docs/{i}/notes.txt").size == 1
     assert store.count("get_many") == probes
     assert not walks(store)
+
+
+def n5_dataset(tmp: Path) -> dict[str, bytes]:
+    """An N5 dataset TensorStore wrote (``ts/vol``, 8 blocks, no root attributes): key ->
+    bytes."""
+    tensorstore_n5(tmp / "ts" / "vol", ramp((8, 8, 8)), [4, 4, 4])
+    return {
+        path.relative_to(tmp).as_posix(): path.read_bytes()
+        for path in sorted(tmp.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.mark.parametrize("kind", ["memory", pytest.param("s3", marks=pytest.mark.s3)])
+def test_detection_asks_only_for_what_the_listings_hold(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """TensorStore's way into a dataset (each name looked up as the kernel does, its
+    ``attributes.json`` read, then a block): the folders' listings show which probe files
+    exist, so detection sends no probe for the root and ``ts/``, and reads the dataset's
+    ``attributes.json`` from the bytes the reader fetched (before: five probes a level).
+    (A local disk's lookups stat a file alone, without a listing to go by.)"""
+    inner = new_store(kind, request, tmp_path)
+    data = n5_dataset(tmp_path / "written")
+    for key, value in data.items():
+        inner.set(key, value)
+    store = CountingStore(inner)
+    gw = Gateway(store, GatewayConfig(read_only=True))
+    for path in ("/ts", "/ts/vol", "/ts/vol/attributes.json"):
+        assert gw.lookup(path) is not None
+    assert gw.read_file("/ts/vol/attributes.json") == data["ts/vol/attributes.json"]
+    for path in ("/ts/vol/0", "/ts/vol/0/1", "/ts/vol/0/1/0"):
+        assert gw.lookup(path) is not None
+    assert gw.read_file("/ts/vol/0/1/0") == data["ts/vol/0/1/0"]
+    assert gw.detector.folder("ts/vol/").kind is FolderKind.ARRAY
+    assert store.count("get_many") == 0
+    assert store.per_key("get")["ts/vol/attributes.json"] == 1  # the reader's own
+    gw.close()
+
+
+def test_metadata_committed_here_is_detected_at_once_and_others_by_the_listings_ttl() -> None:
+    clock = Clock()
+    store = CountingStore(MemoryStore())
+    store.inner.set("g/README", b"x")
+    store.inner.set("h/README", b"x")
+    gw = Gateway(store, GatewayConfig(ttl=5.0), clock=clock)
+    assert [name for name, _ in gw.readdir("/g")] == ["README"]
+    assert [name for name, _ in gw.readdir("/h")] == ["README"]  # listed at 0
+    assert gw.detector.folder("g/").kind is FolderKind.PLAIN
+    assert store.count("get_many") == 0  # the listings hold no probe name
+    gw.write_file("/g/.zgroup", b'{"zarr_format": 2}')  # this mount: patched, invalidated
+    assert gw.detector.folder("g/").kind is FolderKind.GROUP
+    clock.now = 3.0
+    assert gw.detector.folder("h/").kind is FolderKind.PLAIN  # by the listing of 0
+    store.inner.set("h/.zgroup", b'{"zarr_format": 2}')  # another writer
+    clock.now = 4.9
+    assert gw.detector.folder("h/").kind is FolderKind.PLAIN
+    clock.now = 5.0  # the listing of h/ expired: so did the answer drawn from it
+    assert gw.detector.folder("h/").kind is FolderKind.GROUP
+    gw.close()
 
 
 def test_failed_walk_falls_back_to_folder_listings(array: dict[str, bytes]) -> None:

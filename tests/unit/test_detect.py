@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from n5fs.detect import Detector, FolderKind, candidates, open_source
+from n5fs.detect import Detector, FolderKind, Listed, candidates, open_source
 from n5fs.errors import DetectionFailed, InvalidSource
+from n5fs.formats.registry import PROBE_NAMES
 from n5fs.kvstore.file import FileStore
 from n5fs.kvstore.memory import MemoryStore
+from n5fs.testing.doubles import Call, Clock, CountingStore
 from n5fs.validate import validate_store
 from tests.writers import ramp, tensorstore_n5, tensorstore_zarr3, zarr_python_hierarchy
 
@@ -171,3 +173,72 @@ def test_zip_inside_s3(datasets: Path, tmp_path: Path, s3_server, s3_bucket: str
     report = validate_store(source.store)  # validate works on a zip inside S3 too
     assert report.invalid == []
     assert report.chunks == 3 * 3 * 2
+
+
+# -- probes a listing answers (Detector(listed=...)) ----------------------------------------------
+
+ZGROUP = b'{"zarr_format": 2}'
+ZARRAY = json.dumps(
+    {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": "<u2", "compressor": None,
+     "fill_value": 0, "order": "C", "filters": None}
+).encode()  # fmt: skip
+
+
+def test_probes_only_what_the_listing_holds_and_not_what_is_held() -> None:
+    store = CountingStore(MemoryStore())
+    store.inner.set("g/.zgroup", ZGROUP)
+    store.inner.set("a/.zarray", ZARRAY)
+    listings = {
+        "": Listed(frozenset({"README"}), until=10.0),
+        "g/": Listed(frozenset({".zgroup"}), until=10.0),
+        "a/": Listed(frozenset({".zarray"}), until=10.0, held={".zarray": ZARRAY}),
+    }
+    detector = Detector(store, ttl=5.0, clock=Clock(), listed=listings.get)
+    assert detector.folder("").kind is FolderKind.PLAIN
+    assert store.count() == 0  # the listing holds no probe name: no request
+    assert detector.folder("g/").kind is FolderKind.GROUP
+    assert store.calls_of("get_many") == [Call("get_many", ("g/.zgroup",))]
+    store.clear()
+    assert detector.folder("a/").kind is FolderKind.ARRAY
+    assert store.count() == 0  # the owner held the bytes
+    assert detector.probe("a/") == {".zarray": ZARRAY}
+    # a folder no listing knows is probed whole, as without ``listed``
+    assert detector.folder("b/").kind is FolderKind.PLAIN
+    assert len(store.calls_of("get_many")[0].keys) == len(PROBE_NAMES)
+
+
+def test_an_answer_from_a_listing_expires_with_the_listing() -> None:
+    """Another writer's metadata is seen once the listing that left it out expires, not a
+    TTL after the detection that went by that listing."""
+    clock = Clock()
+    store = MemoryStore()
+    listed = {"": Listed(frozenset(), until=2.0)}
+    detector = Detector(store, ttl=5.0, clock=clock, listed=lambda p: listed.get(p))
+    clock.now = 1.0
+    assert detector.folder("").kind is FolderKind.PLAIN
+    store.set(".zgroup", ZGROUP)  # someone else
+    clock.now = 1.9
+    assert detector.folder("").kind is FolderKind.PLAIN  # cached, the listing still fresh
+    clock.now = 2.0  # the listing expired (the owner answers None from now on)
+    listed.clear()
+    assert detector.folder("").kind is FolderKind.GROUP
+
+
+def test_an_invalidation_while_a_listing_is_read_grounds_the_detection() -> None:
+    """The owner patches its listing, then invalidates: a detection that read the listing
+    before the change is handed to its caller but never stored."""
+    store = MemoryStore()
+    names: set[str] = set()
+    detector: Detector
+
+    def listed(prefix: str) -> Listed:
+        seen = Listed(frozenset(names), until=100.0)
+        if not names:  # the first detection read the listing; now the change lands
+            store.set(".zgroup", ZGROUP)
+            names.add(".zgroup")
+            detector.invalidate(".zgroup")
+        return seen
+
+    detector = Detector(store, ttl=5.0, clock=Clock(), listed=listed)
+    assert detector.folder("").kind is FolderKind.PLAIN  # began before the change
+    assert detector.folder("").kind is FolderKind.GROUP  # not stored: detected again

@@ -206,27 +206,37 @@ def test_a_ranged_read_that_breaks_resumes_inside_its_range(
     assert store.get("ranged", ByteRange(-7000)) == data[-7000:]
 
 
+@pytest.mark.parametrize("path", ["botocore", "lean"])
 def test_an_object_replaced_while_its_body_broke_is_read_again_not_stitched(
-    store: S3Store, proxy: FaultProxy, s3_server: Any, s3_bucket: str
+    store: S3Store,
+    proxy: FaultProxy,
+    s3_server: Any,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    path: str,
 ) -> None:
     old, new = value(1, 200_000), value(2, 200_000)
     store.set("swap", old)
+    if path == "lean":
+        assert store.get("swap") == old  # botocore's GET shows the lean path its route
+        assert store._lean.ready
+    else:
+        store._lean.refused = "every read on botocore's path"  # nothing is learned
     direct = s3_server.client()
     replaced = threading.Event()
+    get_object = store._get_object
 
-    def replace(**_: Any) -> None:
-        if not replaced.is_set():
+    def replacing(full: str, **args: Any) -> Any:
+        # the replacement lands between the broken body and its resumption
+        if args.get("IfMatch") and not replaced.is_set():
             replaced.set()
             direct.put_object(Bucket=s3_bucket, Key=PREFIX + "swap", Body=new)
+        return get_object(full, **args)
 
+    monkeypatch.setattr(store, "_get_object", replacing)
     proxy.inject(Fault("reset_mid_body", method="GET", times=1))
-    store.client.meta.events.register("before-call.s3.GetObject", lambda **kw: None)
-    # the replacement lands between the broken body and its resumption
-    store.client.meta.events.register(
-        "before-parameter-build.s3.GetObject",
-        lambda params, **kw: replace() if params.get("IfMatch") else None,
-    )
     assert store.get("swap") == new
+    assert replaced.is_set()
 
 
 @pytest.mark.parametrize("checksum", ["crc32", "md5 etag"])

@@ -76,6 +76,9 @@ BODY_FAULTS = (
 #: botocore lets these through unwrapped, unretried. Anything botocore raised itself comes
 #: after its (our policy's) retries and is final.
 ERROR_BODY_FAULTS = (u3e.HTTPError,)
+#: set in an answer whose body botocore did not check against its checksum (an answer of
+#: :mod:`~n5fs.kvstore.s3.lean`): :func:`read_body` checks it
+UNCHECKED = "N5fsUnchecked"
 _MD5_ETAG = re.compile(r'^"?[0-9a-fA-F]{32}(-\d+)?"?$')
 
 
@@ -174,7 +177,8 @@ def read_body(
         pieces, resumed = read
         data = b"".join(pieces) if len(pieces) != 1 else pieces[0]
         whole = "ContentRange" not in answer
-        if not whole or _intact(answer, data, checked=not resumed and _checksummed(answer)):
+        checked = not resumed and not answer.get(UNCHECKED) and _checksummed(answer)
+        if not whole or _intact(answer, data, checked=checked):
             return answer, data
         log.warning("s3: %r in %s read back damaged (read %d)", key, where, reread + 1)
     raise StoreUnavailable(
@@ -282,14 +286,20 @@ def _checksummed(answer: Mapping[str, Any]) -> bool:
 
 
 def _intact(answer: Mapping[str, Any], data: bytes, *, checked: bool) -> bool:
-    """Whether a whole object's bytes match its full CRC32 or its MD5 ETag; True when
-    botocore ``checked`` them already, or where the store gives neither (then only the length
-    was checked, by botocore)."""
+    """Whether a whole object's bytes match its full CRC32 (else SHA-256, SHA-1) or its MD5
+    ETag; True when botocore ``checked`` them already, or where the store gives neither (then
+    only the length was checked, by the body)."""
     if checked:
         return True
-    crc = answer.get("ChecksumCRC32")
-    if _full_object(crc) and answer.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
-        return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode() == crc
+    if answer.get("ChecksumType", "FULL_OBJECT") == "FULL_OBJECT":
+        crc = answer.get("ChecksumCRC32")
+        if _full_object(crc):
+            return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode() == crc
+        for name, algorithm in (("ChecksumSHA256", "sha256"), ("ChecksumSHA1", "sha1")):
+            expected = answer.get(name)
+            if _full_object(expected):
+                digest = hashlib.new(algorithm, data).digest()
+                return base64.b64encode(digest).decode() == expected
     etag = answer.get("ETag")
     if etag_is_md5(answer) and _full_object(etag):
         return same_etag(hashlib.md5(data, usedforsecurity=False).hexdigest(), etag)

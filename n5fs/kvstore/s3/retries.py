@@ -233,6 +233,21 @@ class SilentEndpoint:
         client.meta.events.register("after-call-error.s3", self._after_error)
         return self
 
+    # the same steps for a request that does not pass botocore's events
+    # (:mod:`~n5fs.kvstore.s3.lean`): one ``context`` dict per request
+
+    def before_call(self, context: dict[str, Any]) -> None:
+        """Before a request's first attempt: raises StoreUnavailable while silent."""
+        self._before_call(context=context)
+
+    def answered(self, context: dict[str, Any]) -> None:
+        """The request got an answer (an error answer too)."""
+        self._answered(context=context)
+
+    def failed(self, exception: BaseException, context: dict[str, Any]) -> None:
+        """The request failed for good without an answer."""
+        self._after_error(exception=exception, context=context)
+
     @property
     def silent(self) -> bool:
         return self.clock() < self._silent_until
@@ -383,11 +398,12 @@ class Throttle:
 
 def attach(
     client: Any, where: str, timeout_attempts: int, tally: Tally
-) -> tuple[SilentEndpoint, Throttle]:
+) -> tuple[SilentEndpoint, Throttle, RetryPolicy]:
     """Put the policy on ``client``: its retries, its silent-endpoint breaker and its
     throttle (the client's own retries must be off: ``total_max_attempts`` 1), counting
-    what they do in ``tally``."""
+    what they do in ``tally``. Returned too, for requests that do not pass the client's
+    events (:mod:`~n5fs.kvstore.s3.lean`)."""
     throttle = Throttle().attach(client)
     policy = RetryPolicy(timeout_attempts, throttle, tally=tally)
     client.meta.events.register("needs-retry.s3", policy.needs_retry)
-    return SilentEndpoint(where, tally=tally).attach(client), throttle
+    return SilentEndpoint(where, tally=tally).attach(client), throttle, policy

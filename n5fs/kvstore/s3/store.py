@@ -13,6 +13,10 @@ costs a POSIX call an EIO within about 12 s, never a hang. Integrity is
 :mod:`~n5fs.kvstore.s3.integrity`'s: a write is acknowledged only once the store is known to
 hold exactly its bytes (``Content-MD5``, the answer's ETag, a HEAD for a lost answer), a read
 hands on only bytes that are the object's (resumed by range, checked against its checksum).
+Reads after the first take :mod:`~n5fs.kvstore.s3.lean`'s path: the request botocore's first
+GetObject showed, sent without its pipeline, with the same retries, breaker, throttle and
+checks (any answer but an object, an absent key or a transient fault is asked again through
+botocore).
 
 Timestamps: user metadata ``x-amz-meta-mtime``, seconds with nine decimals (rclone's form;
 s3fs-fuse reads it too), which ``stat`` (HEAD) reports, else LastModified (``list`` always
@@ -43,6 +47,7 @@ import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from boto3.exceptions import S3UploadFailedError
@@ -69,6 +74,7 @@ from n5fs.kvstore.s3.errors import (
     unwrapped,
 )
 from n5fs.kvstore.s3.headers import MTIME_META, copy_args, format_mtime, mtime_of
+from n5fs.kvstore.s3.lean import Fallback, LeanGets
 from n5fs.kvstore.s3.leftovers import S3Leftovers
 from n5fs.kvstore.s3.times import KeptTimes, index_key, is_index
 from n5fs.kvstore.s3.uploads import Upload, UploadJournal
@@ -140,9 +146,11 @@ class S3Store(KvStore):
         self._client = client_for(spec, max_workers)
         #: the faults this store handled (:meth:`fault_counters`)
         self.tally = retries.Tally()
-        self._silent, self.throttle = retries.attach(
+        self._silent, self.throttle, policy = retries.attach(
             self._client, self.where, spec.max_attempts, self.tally
         )
+        #: GETs past botocore's pipeline, once its first GET showed the route
+        self._lean = LeanGets(self._client, policy, self._silent, self.throttle)
         self._max_workers = max_workers
         self._threshold = multipart_threshold
         self._part_size = part_size
@@ -245,11 +253,7 @@ class S3Store(KvStore):
         with self._errors(key):
             try:
                 return integrity.read_body(
-                    lambda **args: self._call("get_object", Key=full, **args),
-                    key,
-                    self.where,
-                    range_header,
-                    self.tally.add,
+                    partial(self._get_object, full), key, self.where, range_header, self.tally.add
                 )
             except bce.ClientError as exc:
                 code = error_code(exc)
@@ -258,6 +262,18 @@ class S3Store(KvStore):
                 if code in EMPTY_RANGE and range_header is not None:
                     return {}, b""
                 raise
+
+    def _get_object(self, full: str, **args: Any) -> dict[str, Any]:
+        """One GetObject of ``full``: the lean path (:mod:`~n5fs.kvstore.s3.lean`) where it
+        knows the route and the answer, else botocore's (which teaches it the route)."""
+        if self._lean.ready:
+            try:
+                return self._lean.get(full, **args)
+            except Fallback as exc:
+                log.debug("s3: GET of %r through botocore: %s", full, exc)
+        with self._lean.expecting(full):
+            answer: dict[str, Any] = self._call("get_object", Key=full, **args)
+        return answer
 
     def stat(self, key: str) -> KeyInfo | None:
         """Size and time from a HEAD: the ``mtime`` metadata if any, else LastModified."""
