@@ -15,6 +15,7 @@ promise held (nothing lost, invalid or corrupt, no call over 30 s, the daemon al
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import uuid
@@ -47,6 +48,11 @@ def main() -> int:
         latency=args.latency,
         seed=args.seed,
     )
+    # the daemons and the checks reach the moto server with the environment's credentials:
+    # any will do for moto, but boto3 wants some
+    for name, value in (("AWS_ACCESS_KEY_ID", "soak"), ("AWS_SECRET_ACCESS_KEY", "soak")):
+        os.environ.setdefault(name, value)
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     with moto_server() as endpoint, tempfile.TemporaryDirectory(prefix="n5fs-soak-") as tmp:
         bucket = f"soak-{uuid.uuid4().hex[:12]}"
         boto3.client(
