@@ -190,6 +190,7 @@ class LoadingCache(Generic[V]):
         self.discarded = 0  # loads not stored because an invalidation overtook them
         self.revalidate_after = revalidate_after
         self.stale_hits = 0  # expired values served while a refresh ran behind
+        self.loaded_behind = 0  # loads started by load_behind
         self._refresher: Pool | None = None
         if revalidate_after is not None and workers is not None:
             self._refresher = workers.pool(REFRESH_POOL, REFRESHERS, drain=True)
@@ -304,6 +305,20 @@ class LoadingCache(Generic[V]):
             return _unwrap(flight.value, flight.error)
         self._fly(key, flight, loader)
         return _unwrap(flight.value, flight.error)
+
+    def load_behind(self, key: str, loader: Callable[[], V]) -> bool:
+        """Start the load of ``key`` on the refresh pool and return at once, unless a value
+        (live, or expired and kept) or a flight is there: a load a caller foresees (the
+        gateway lists the folder a lookup is about to enter while it lists the one above).
+        A caller that asks meanwhile joins the flight, as any. True if one started."""
+        with self._lock:
+            self._fresh(key, self._clock())  # (drops an expired value it would not serve)
+            if key in self._data or key in self._flights:
+                return False
+            flight = self._flights[key] = _Flight[V]()
+            self.loaded_behind += 1
+        self._refresh(key, flight, loader)
+        return True
 
     def _refresh(self, key: str, flight: _Flight[V], loader: Callable[[], V]) -> None:
         """Run the flight on the refresh pool (inline once the pool is shut down: the

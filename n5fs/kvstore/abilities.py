@@ -105,6 +105,9 @@ class StoreTraits:
     #: a write costs a network round trip or more (S3): worth acknowledging from a local
     #: journal and uploading behind (:mod:`n5fs.kvstore.writeback`)
     remote_writes: bool = False
+    #: a read or a listing costs a network round trip (S3): the gateway starts the requests
+    #: it can foresee beside the one a caller waits for, not one after another
+    remote_reads: bool = False
     #: other writers may share this store (S3, and the memory store that stands for it in
     #: tests): a mount that finds no :class:`ConditionalWrites` in force warns. A local
     #: directory or a zip answers no quietly.

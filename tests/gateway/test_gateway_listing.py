@@ -5,6 +5,7 @@ deterministic race); plain trees are not probed."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -697,3 +698,114 @@ def test_a_store_without_cheap_stat_answers_lookups_from_its_listing() -> None:
     assert [gw.stat(f"/a/c{i}").size for i in range(5)] == list(range(5))
     assert stats(store) == []
     assert lists(store)["a/"] == 1
+
+
+# -- a cold path is listed two names at a time ----------------------------------------------
+
+
+def round_trip_store(keys: dict[str, bytes]) -> CountingStore:
+    """A memory store that says its requests are round trips (as S3's do)."""
+    inner = MemoryStore()
+    inner.traits = dataclasses.replace(MemoryStore.traits, remote_reads=True)  # type: ignore[misc]
+    for key, value in keys.items():
+        inner.set(key, value)
+    return CountingStore(inner)
+
+
+def resolve(gw: Gateway, path: str) -> None:
+    """Look up ``path`` one name at a time, as the kernel does."""
+    names = path.strip("/").split("/")
+    for end in range(1, len(names) + 1):
+        assert gw.lookup("/" + "/".join(names[:end])) is not None
+
+
+def test_a_cold_lookup_lists_the_folder_below_beside_its_own() -> None:
+    """The LIST of ``a/`` starts while the root's is still on its way (gated there), not after
+    it: a path of three names costs two round trips of LISTs, not three."""
+    store = round_trip_store({"a/b/f.txt": b"xyz"})
+    gw = Gateway(store, GatewayConfig(ttl=5.0))
+    root = store.gate("list", "", when="before")
+    ahead = store.gate("list", "a/", when="before")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            looked = pool.submit(gw.lookup, "/a")
+            root.wait_reached()
+            ahead.wait_reached()  # the root's LIST has not answered yet
+            root.release()
+            ahead.release()
+            assert looked.result(WAIT) is not None
+    finally:
+        root.release()
+        ahead.release()
+    resolve(gw, "/a/b/f.txt")
+    assert gw.stat("/a/b/f.txt").size == 3
+    assert gw.view.listings.loaded_behind == 2
+    # (joins the LIST ahead, or finds its answer)
+    assert not gw.view.listings.load("a/b/f.txt/", partial(pytest.fail, "not loaded ahead")).files
+    # b was in a/'s listing: a/b/ is listed when asked; f.txt's guess lists a/b/f.txt/, empty
+    assert lists(store) == {"": 1, "a/": 1, "a/b/": 1, "a/b/f.txt/": 1}
+
+
+def test_no_list_ahead_for_metadata_names_arrays_strict_consistency_or_local_stores(
+    tmp_path: Path,
+) -> None:
+    data = n5_dataset(tmp_path / "n5")  # ts/vol/attributes.json and its blocks
+    store = round_trip_store(data)
+    gw = Gateway(store, GatewayConfig(ttl=5.0))
+    block = next(key for key in data if key.startswith("ts/vol/") and key.count("/") == 4)
+    resolve(gw, "/ts/vol/attributes.json")
+    resolve(gw, "/" + block)
+    listed = set(lists(store))
+    assert "ts/vol/attributes.json/" not in listed  # a format's metadata name is a file
+    assert not {p for p in listed if p.startswith("ts/vol/") and p != "ts/vol/"}  # the walk's
+    assert "ts/" in listed  # the root's lookup of ts listed ts/ ahead
+
+    strict = round_trip_store(data)
+    resolve(Gateway(strict, GatewayConfig(consistency="strict")), "/ts/vol/attributes.json")
+    plain = CountingStore(MemoryStore())
+    for key, value in data.items():
+        plain.set(key, value)
+    resolve(Gateway(plain, GatewayConfig(ttl=5.0)), "/ts/vol/attributes.json")
+    for other in (strict, plain):
+        assert set(lists(other)) == {"", "ts/", "ts/vol/"}  # one at a time, nothing guessed
+
+
+def test_a_load_behind_overtaken_by_a_commit_is_not_stored() -> None:
+    """A listing loaded ahead is a flight like any: one that read the store before a commit
+    (held here between its read and its answer) is handed to nobody and not stored, and the
+    next question loads again; a caller that asks while it flies joins it."""
+    cache: LoadingCache[str] = LoadingCache(5.0, clock=lambda: 0.0)
+    read, answer = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def listing() -> str:
+        calls.append("list")
+        read.set()
+        assert answer.wait(WAIT)
+        return f"listing {len(calls)}"
+
+    assert cache.load_behind("a/", listing)
+    assert read.wait(WAIT)
+    assert not cache.load_behind("a/", listing)  # one flight per key
+    cache.replace("a/", lambda old: old + " + new")  # a commit patches a/: grounds the flight
+    answer.set()
+    for _ in range(3000):  # the grounded flight lands on the pool thread
+        if cache.discarded:
+            break
+        time.sleep(0.01)
+    assert cache.get("a/") is None
+    assert cache.load("a/", listing) == "listing 2"  # loaded again, after the commit
+    assert calls == ["list", "list"]
+    assert cache.discarded == 1
+    assert not cache.load_behind("a/", listing)  # a live value: nothing to load
+
+    joined = LoadingCache[str](5.0, clock=lambda: 0.0)
+    read.clear()
+    answer.clear()
+    assert joined.load_behind("b/", listing)
+    assert read.wait(WAIT)
+    with ThreadPoolExecutor(1) as pool:
+        waiter = pool.submit(joined.load, "b/", listing)
+        answer.set()
+        assert waiter.result(WAIT) == "listing 3"
+    assert len(calls) == 3  # the caller joined the flight: no LIST of its own

@@ -20,6 +20,9 @@ State and locks:
 - a folder that the cached listing of a folder above does not name holds no key: it is
   answered empty without a LIST and without a cache entry (a commit there patches the folder
   above, so the next question sees it);
+- on a store of round trips (S3), a lookup in a folder not listed yet lists the folder
+  below it too, beside its own folder (:meth:`NamespaceView._list_ahead`): a flight of the
+  listings cache like any other, so it obeys the same rules;
 - virtual directories (``mkdir`` on a store without empty prefixes): a set under ``_vlock``,
   a leaf lock;
 - on a store whose ``stat`` of one key is cheaper than listing its folder (a local disk), a
@@ -122,6 +125,8 @@ class NamespaceView:
         self._vlock = ranked_lock("virtual directories", LEAF)
         #: where the store lists names for less than whole listings (a local disk)
         self._names = name_listings(store)
+        #: a lookup in a folder not listed yet lists the folder below too (:meth:`_list_ahead`)
+        self._ahead = store.traits.remote_reads and ttl > 0
 
     # -- listings ------------------------------------------------------------------------------
 
@@ -181,6 +186,25 @@ class NamespaceView:
             child = parent(child)
         return False
 
+    def _list_ahead(self, folder: str, name: str) -> None:
+        """A lookup of ``name`` in a folder not listed yet, on a store of round trips: list
+        the folder ``name`` would be beside the folder it is in, not after it.
+
+        Why: the kernel resolves a path one name at a time, so a cold ``open`` of
+        ``a/b/c/f`` waits for the LISTs of the root, ``a/``, ``a/b/`` and ``a/b/c/`` one after
+        another. Listed in pairs, the names of a path cost half the round trips (the next
+        lookup finds its folder listed or in flight). A name that is a file costs one LIST
+        that answers nothing, sent beside the one waited for; a format's metadata name is
+        never listed so (it is a file), nor is anything under an array or group, whose
+        chunk folders the array's walk answers. Not in strict consistency, where every
+        lookup asks the store anyway."""
+        if not self._ahead or self.listings.answers(folder):
+            return
+        if name in PROBE_NAMES or self._absent(folder) or self._maybe_below_node(folder):
+            return
+        child = folder + name + "/"
+        self.listings.load_behind(child, partial(self._list_one, child))
+
     def cached_files(self, prefix: str) -> FileMap | None:
         """The files of folder ``prefix`` as a cached listing holds them; never a LIST."""
         entries = self.listings.get(prefix)
@@ -228,6 +252,7 @@ class NamespaceView:
                 return Attr(EntryKind.FILE, info.size, info.mtime, self.writable)
             listed = not self.store.nothing_at(key)
         if listed:
+            self._list_ahead(folder, name)
             entries = self.entries(folder)
             if name in entries.dirs:
                 return Attr(EntryKind.DIR, writable=self.writable)

@@ -121,13 +121,14 @@ class S3Store(KvStore):
     #: a LIST carries LastModified, not the ``mtime`` metadata: ``stat`` reports that, and
     #: listings do once asked (:meth:`show_kept_times`, the times indexes). One
     #: request per folder is the cost of a chunk tree listed folder by folder; a walk answers
-    #: 1,000 keys of any folders per request. Many mounts may share a bucket. A write is a
-    #: round trip at least.
+    #: 1,000 keys of any folders per request. Many mounts may share a bucket. A write and a
+    #: read are a round trip at least.
     traits = StoreTraits(
         listing_mtimes=False,
         flat_listing_preferred=True,
         shared_versions=True,
         remote_writes=True,
+        remote_reads=True,
     )
 
     def __init__(
