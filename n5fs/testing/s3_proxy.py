@@ -166,6 +166,10 @@ class FaultProxy(ThreadingHTTPServer):
     """The proxy's server and its state (module docstring); :func:`fault_proxy` runs one."""
 
     daemon_threads = False  # joined by server_close, after their sockets are shut down
+    #: the listen backlog: socketserver's default of 5 drops the SYNs of a client opening
+    #: dozens of connections at once (TensorStore, a mount's read-ahead), which then wait for
+    #: the kernel's retransmission, a second, as no real endpoint makes them wait
+    request_queue_size = 1024
 
     def __init__(self, upstream: str, *, seed: int = 0) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
