@@ -16,6 +16,14 @@ a file on S3 is a HEAD besides (the kept mtime).
 
     /work/venv/bin/python scripts/bench_list.py --array 400x32
     /work/venv/bin/python scripts/bench_list.py --array 40x40x32   # 51,200 chunks, 1,641 folders
+
+``--cpu`` measures this process's CPU (``time.process_time``; moto runs in its own process)
+per LIST of one folder of ``--keys`` keys (one page at 1,000) through ``S3Store.list``: on
+the lean path (:mod:`n5fs.kvstore.s3.leanlist`) and on botocore's (the same store with the
+lean path refused), taking turns, ``--repeat`` rounds of 10 LISTs each, with a bare boto3
+``list_objects_v2`` and ElementTree's parse of the same answer for reference.
+
+    /work/venv/bin/python scripts/bench_list.py --cpu --keys 1000 --repeat 5
 """
 
 from __future__ import annotations
@@ -133,6 +141,55 @@ def bench_s3(names: list[str], repeat: int) -> Results:
             store.close()
 
 
+def bench_cpu(names: list[str], repeat: int) -> None:
+    """CPU per LIST, lean path against botocore's (module docstring)."""
+    from xml.etree import ElementTree
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    with moto_server() as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        bucket = f"bench-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=bucket)
+        upload(client, bucket, {FOLDER + name: VALUE for name in names})
+        spec = S3Spec(bucket=bucket, endpoint=endpoint, aws_region="us-east-1")
+        lean, botocore = S3Store(spec), S3Store(spec)
+        botocore._lean_lists.refused = "the reference"
+        bodies: list[bytes] = []
+        client.meta.events.register(
+            "before-parse.s3.ListObjectsV2",
+            lambda response_dict, **_: bodies.append(response_dict["body"]),
+        )
+        client.list_objects_v2(Bucket=bucket, Prefix=FOLDER, Delimiter="/")
+        body = bodies[-1]
+        calls: dict[str, Callable[[], int]] = {
+            "S3Store.list, lean LIST": lambda: len(lean.list(FOLDER).keys),
+            "S3Store.list, botocore": lambda: len(botocore.list(FOLDER).keys),
+            "boto3 list_objects_v2": lambda: len(
+                client.list_objects_v2(Bucket=bucket, Prefix=FOLDER, Delimiter="/")["Contents"]
+            ),
+            "ElementTree parse alone": lambda: len(ElementTree.fromstring(body)),
+        }
+        for call in calls.values():
+            call()  # learns the lean route and checks its parse
+        assert lean._lean_lists.ready, lean._lean_lists.refused
+        cpu = dict.fromkeys(calls, 0.0)
+        for _ in range(repeat):
+            for what, call in calls.items():
+                start = time.process_time()
+                for _ in range(10):
+                    call()
+                cpu[what] += time.process_time() - start
+        lean.close()
+        botocore.close()
+    runs = 10 * repeat
+    print(f"\nCPU of this process per LIST of {len(names)} keys (one folder), {runs} each")
+    base = cpu["S3Store.list, botocore"] / runs
+    for what, seconds in cpu.items():
+        per = seconds / runs
+        print(f"{what:28} {per * 1e3:8.2f} ms  {per / base:6.2f}x botocore's store path")
+
+
 def upload(client: Any, bucket: str, items: dict[str, bytes]) -> None:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda kv: client.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]),
@@ -219,6 +276,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=2500)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--cpu", action="store_true",
+                        help="CPU per LIST, lean path against botocore's")  # fmt: skip
     parser.add_argument("--array", metavar="AxBx...",
                         help="measure the gateway over a nested array on S3 instead")  # fmt: skip
     args = parser.parse_args()
@@ -226,6 +285,9 @@ def main() -> int:
         bench_array(tuple(int(n) for n in args.array.lower().split("x")))
         return 0
     names = chunk_names(args.keys)
+    if args.cpu:
+        bench_cpu(names, args.repeat)
+        return 0
     results = bench_file(names, args.repeat)
     if not results:
         print("n5fs.kvstore.file is not there yet: measuring S3 only")

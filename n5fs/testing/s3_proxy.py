@@ -11,6 +11,9 @@ proxy puts those faults between a client and a real server (moto) on 127.0.0.1:
 - ``reset_after``: the request reaches the server, which acts on it, and the client's
   connection is reset before the answer (a write whose outcome the client cannot know);
 - ``reset_mid_body``: the answer's head and half its body reach the client, then a reset;
+- ``cut_answer``: the answer comes back with only the first half of its body, its
+  ``Content-Length`` cut to match: an answer cut short where HTTP cannot tell (a middlebox
+  that lost the rest);
 - ``status``: the proxy answers ``status`` with an S3 error ``code`` (``503 SlowDown``,
   ``500 InternalError``) without asking the server;
 - ``stall``: nothing happens for ``seconds`` (then the request goes on as usual);
@@ -62,7 +65,14 @@ if TYPE_CHECKING:
 __all__ = ["Fault", "FaultProxy", "dropping_conditions", "fault_proxy"]
 
 FaultKind = Literal[
-    "reset_before", "reset_after", "reset_mid_body", "status", "stall", "truncate", "corrupt"
+    "reset_before",
+    "reset_after",
+    "reset_mid_body",
+    "cut_answer",
+    "status",
+    "stall",
+    "truncate",
+    "corrupt",
 ]
 
 #: conditional request headers, dropped when :attr:`FaultProxy.drop_conditions` is set
@@ -301,6 +311,7 @@ class _Handler(BaseHTTPRequestHandler):
                 answer,
                 cut=fault is not None and fault.kind == "reset_mid_body",
                 flip=fault is not None and fault.kind == "corrupt" and not body,
+                halve=fault is not None and fault.kind == "cut_answer",
             )
         finally:
             upstream.close()
@@ -315,12 +326,21 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
         self.wfile.flush()
 
-    def _answer(self, answer: http.client.HTTPResponse, *, cut: bool, flip: bool) -> None:
+    def _answer(
+        self, answer: http.client.HTTPResponse, *, cut: bool, flip: bool, halve: bool = False
+    ) -> None:
         head = self.command == "HEAD"
         chunked = answer.chunked and not head
         whole = None
-        if cut or flip or not (head or chunked or answer.getheader("Content-Length") is not None):
+        if (
+            cut
+            or flip
+            or halve
+            or not (head or chunked or answer.getheader("Content-Length") is not None)
+        ):
             whole = answer.read()  # to cut it, or to give it a length
+            if halve:
+                whole = whole[: len(whole) // 2]
         self.send_response(answer.status, answer.reason)
         for name, value in answer.getheaders():
             if name.lower() not in _HOP_BY_HOP and not (

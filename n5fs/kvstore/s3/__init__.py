@@ -12,6 +12,8 @@ Nothing outside the package imports them, tests aside.
 - ``retries``: the one retry policy, the silent-endpoint breaker, the throttle;
 - ``lean``: GetObject past botocore's request pipeline, on the route botocore's first GET
   took (the same request and signature at a fraction of the CPU);
+- ``leanlist``: ListObjectsV2 likewise, on the route of botocore's first LIST, its pages
+  parsed by ElementTree as botocore parses them (checked once against botocore's parse);
 - ``errors``: boto3/botocore failures as n5fs's error classes;
 - ``integrity``: bytes acknowledged only once stored exactly, read only once checked;
 - ``conditional``: ``If-Match``/``If-None-Match`` refusals, and the probe of an endpoint;
@@ -32,8 +34,9 @@ a request; the one exception is the times' ``_flush_lock``, below):
   ``_since`` and ``_probing``; :class:`~n5fs.kvstore.s3.retries.Throttle` ``_lock`` guards its
   rate and tokens, and a request waiting for a token sleeps outside it;
   :class:`~n5fs.kvstore.s3.retries.RetryPolicy` keeps per-request counters in the request's
-  botocore context (one request, one thread: no lock); the lean GETs' route is set once
-  and replaced whole, read without a lock; the store's
+  botocore context (one request, one thread: no lock); the lean GETs' and LISTs' routes
+  are set once and replaced whole, read without a lock, as is the LISTs' ``checked`` flag
+  (and a thread-local holds what a botocore request is about while it runs); the store's
   :class:`~n5fs.kvstore.s3.retries.Tally` of handled faults (``stats.json``) has its own lock,
   held for one addition.
 - ``uploads._LOCK``, one per process, serialises every journal change of this process (the

@@ -32,8 +32,12 @@ What it keeps, and how:
   policy's retries. Any other answer (a redirect, 403, 412, 416, another 404) is asked again
   through botocore, whose handling is then exactly the usual one.
 
+What GETs share with the lean LISTs (:mod:`~n5fs.kvstore.s3.leanlist`) is
+:class:`LeanPath`: the route learned from botocore's first request of an operation, the
+signature, and the policy's retries, breaker and throttle around each request.
+
 State: the learned route (set once, read without a lock: an immutable object replaced
-whole) and a thread-local naming the key a botocore GET is about (for learning).
+whole) and a thread-local naming what a botocore request is about (for learning).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote, urlsplit
 
 from botocore import UNSIGNED
@@ -63,7 +67,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LeanGets"]
+__all__ = ["Fallback", "LeanGets", "LeanPath"]
 
 #: headers botocore makes per request (and those of the request's own arguments); the
 #: route's other headers are constants
@@ -101,9 +105,8 @@ _FIELDS = {
     "x-amz-server-side-encryption": "ServerSideEncryption",
     "x-amz-server-side-encryption-customer-algorithm": "SSECustomerAlgorithm",
 }
-#: answers turned into a ClientError here: the absent key, and what the policy retries
+#: answers turned into a ClientError here (besides a path's own): what the policy retries
 _TRANSIENT_STATUS = frozenset({429, 500, 502, 503, 504})
-_OPERATION = "GetObject"
 
 
 class Fallback(Exception):
@@ -112,7 +115,7 @@ class Fallback(Exception):
 
 @dataclass(frozen=True)
 class _Route:
-    base: str  # the URL of a key is base + its quoted name
+    base: str  # a GET's URL is base + the quoted key, a LIST's base + '?' + its query
     host: str  # the host header botocore signed
     headers: tuple[tuple[str, str], ...]  # constant headers, as botocore sent them
     payload_hash: str  # x-amz-content-sha256 ('' for an anonymous route)
@@ -160,10 +163,12 @@ def sign(
     headers: Mapping[str, str],
     credentials: Any,
     stamp: str,
+    query: str = "",
 ) -> str:
-    """The Authorization header of a GET of ``path`` with ``headers`` (which hold every
-    signed header but host) at ``stamp`` (``YYYYMMDDTHHMMSSZ``): SigV4 as botocore's
-    ``S3SigV4Auth`` makes it (S3 paths are not normalized, the query is empty)."""
+    """The Authorization header of a GET of ``path`` and ``query`` (as the URL spells them,
+    percent-encoded) with ``headers`` (which hold every signed header but host) at ``stamp``
+    (``YYYYMMDDTHHMMSSZ``): SigV4 as botocore's ``S3SigV4Auth`` makes it (S3 paths are not
+    normalized; the query's pairs are sorted as the URL encodes them)."""
     signed = {name.lower(): " ".join(str(value).split()) for name, value in headers.items()}
     for name in _UNSIGNED_HEADERS:
         signed.pop(name, None)
@@ -173,7 +178,7 @@ def sign(
         [
             "GET",
             path,
-            "",
+            canonical_query(query),
             "".join(f"{name}:{signed[name]}\n" for name in names),
             ";".join(names),
             route.payload_hash,
@@ -192,10 +197,28 @@ def sign(
     )
 
 
-class LeanGets:
-    """GetObject for one store's client (module docstring). ``get(full_key, **args)``
-    (``Range``, ``IfMatch``) answers as ``client.get_object`` would, or raises
-    :class:`Fallback` before anything reached the caller."""
+def canonical_query(query: str) -> str:
+    """A URL's query as SigV4 signs it (botocore's ``_canonical_query_string_url``)."""
+    if not query:
+        return ""
+    pairs = sorted(pair.partition("=")[::2] for pair in query.split("&"))
+    return "&".join(f"{name}={value}" for name, value in pairs)
+
+
+class LeanPath:
+    """One operation's requests past botocore's pipeline, on the route botocore's first
+    request of it showed (module docstring); :class:`LeanGets` and
+    :class:`~n5fs.kvstore.s3.leanlist.LeanLists` say what the URL of a request is and what
+    its answer becomes."""
+
+    #: the operation whose first botocore request teaches the route
+    operation: ClassVar[str]
+    #: an answer's body is read by the caller (a GET's), not by the session
+    stream_output: ClassVar[bool]
+    #: statuses read by :meth:`_accept`
+    accepted: ClassVar[frozenset[int]]
+    #: non-transient error answers (status, code) that become a ClientError here
+    answered_here: ClassVar[frozenset[tuple[int, str]]] = frozenset()
 
     def __init__(
         self,
@@ -221,38 +244,43 @@ class LeanGets:
         if self._session is None or signer is None:
             self.refused = "the client has no HTTP session or signer to use"
             return
-        client.meta.events.register("before-send.s3.GetObject", self._learn)
+        client.meta.events.register(f"before-send.s3.{self.operation}", self._learn)
 
     @property
     def ready(self) -> bool:
         return self._route is not None
 
-    def expecting(self, full_key: str) -> _Expecting:
-        """Around a botocore GetObject of ``full_key``: learn the route from it."""
-        return _Expecting(self._expected, full_key)
+    def expecting(self, what: str) -> _Expecting:
+        """Around a botocore request of this operation about ``what`` (a GET's key, a
+        LIST's query): learn the route from it."""
+        return _Expecting(self._expected, what)
 
     # -- learning ------------------------------------------------------------------------------
 
     def _learn(self, request: AWSPreparedRequest, **_: Any) -> None:
-        key = getattr(self._expected, "key", None)
-        if key is None or self._route is not None or self.refused is not None:
+        what = getattr(self._expected, "key", None)
+        if what is None or self._route is not None or self.refused is not None:
             return
         try:
-            route = self._route_of(request, key)
+            route = self._route_of(request, what)
         except Exception as exc:  # noqa: BLE001  # a route we cannot read is not used
             route = f"unreadable request: {exc!r}"
         if isinstance(route, _Route):
             self._route = route
-            log.debug("s3: lean GETs via %s", route.base)
+            log.debug("s3: lean %s via %s", self.operation, route.base)
         else:
             self.refused = route
-            log.info("s3: reads stay on botocore's path: %s", route)
+            log.info("s3: %s stays on botocore's path: %s", self.operation, route)
 
-    def _route_of(self, request: AWSPreparedRequest, key: str) -> _Route | str:
+    def _route_of(self, request: AWSPreparedRequest, what: str) -> _Route | str:
+        """The route of ``request`` (about ``what``), or why there is none."""
+        raise NotImplementedError
+
+    def _learned(self, request: AWSPreparedRequest, base: str) -> _Route | str:
+        """The route of ``request``, whose URL is ``base`` and what this path adds to it:
+        its constant headers and signing scope, if this path can make every header and
+        signs the request exactly as botocore did; else why not."""
         url = request.url
-        quoted = quote(key, safe="/~")
-        if "?" in url or not url.endswith(quoted) or request.method != "GET":
-            return f"a GetObject URL that is not base + key: {url}"
         headers = {_text(name): _text(value) for name, value in request.headers.items()}
         lower = {name.lower(): value for name, value in headers.items()}
         unknown = set(lower) - _KNOWN
@@ -261,12 +289,11 @@ class LeanGets:
         constant = tuple(
             (name, value) for name, value in headers.items() if name.lower() not in _PER_REQUEST
         )
-        base = url[: len(url) - len(quoted)]
         auth = lower.get("authorization")
         anonymous = getattr(self._client.meta.config, "signature_version", None) is UNSIGNED
         if auth is None:
             if not anonymous:
-                return "an unsigned GetObject from a signing client"
+                return f"an unsigned {self.operation} from a signing client"
             return _Route(base, _host(url), constant, "", "", "", signed=False)
         match = _SCOPE.match(auth)
         if match is None:
@@ -289,7 +316,9 @@ class LeanGets:
             for name, value in headers.items()
             if name.lower() not in ("authorization", "amz-sdk-invocation-id", "amz-sdk-request")
         }
-        mine = sign(self._keys, route, urlsplit(url).path, signed, credentials, lower["x-amz-date"])
+        parts = urlsplit(url)
+        stamp = lower["x-amz-date"]
+        mine = sign(self._keys, route, parts.path, signed, credentials, stamp, parts.query)
         if mine != auth:
             return "this path's SigV4 signature differs from botocore's"
         return route
@@ -300,17 +329,18 @@ class LeanGets:
 
     # -- requests ------------------------------------------------------------------------------
 
-    def get(self, full_key: str, **args: Any) -> dict[str, Any]:
-        route = self._route
-        if route is None or set(args) - {"Range", "IfMatch"}:
-            raise Fallback("no route")
+    def _exchange(self, route: _Route, url: str, extra: Mapping[str, str]) -> Any:
+        """One request of ``url`` (with the ``extra`` headers) on ``route``, attempted as the
+        policy says, between the breaker's steps: what :meth:`_accept` makes of its answer;
+        the ClientError botocore would raise for an absent key or a transient answer the
+        policy gave up on; :class:`Fallback` for any other answer."""
         credentials = self._credentials() if route.signed else None
         if route.signed and credentials is None:
             raise Fallback("no credentials")  # botocore raises NoCredentialsError
         context: dict[str, Any] = {}
         self._silent.before_call(context)
         try:
-            answer = self._attempts(route, credentials, full_key, args, context)
+            answer = self._attempts(route, credentials, url, extra, context)
         except Fallback:
             self._silent.answered(context)
             raise
@@ -327,12 +357,11 @@ class LeanGets:
         self,
         route: _Route,
         credentials: Any,
-        full_key: str,
-        args: Mapping[str, Any],
+        url: str,
+        extra: Mapping[str, str],
         context: dict[str, Any],
-    ) -> dict[str, Any]:
-        url = route.base + quote(full_key, safe="/~")
-        path = urlsplit(url).path
+    ) -> Any:
+        parts = urlsplit(url)
         request_dict = {"context": context}
         attempts = 0
         while True:
@@ -340,9 +369,11 @@ class LeanGets:
             wait = self._throttle.acquire()
             if wait > 0:
                 self._sleep(wait)
-            request = self._request(route, credentials, url, path, args)
+            request = self._request(route, credentials, url, parts.path, parts.query, extra)
             try:
                 response = self._session.send(request)  # type: ignore[union-attr]
+                if response.status_code in self.accepted:
+                    return self._accept(response)
             except (bce.BotoCoreError, bce.HTTPClientError) as exc:
                 delay = self._policy.needs_retry(
                     attempts, caught_exception=exc, request_dict=request_dict
@@ -351,48 +382,44 @@ class LeanGets:
                     raise
                 self._sleep(delay)
                 continue
-            status = response.status_code
-            if status in (200, 206):
-                return self._answer(response)
             error = self._error(response)
             delay = self._policy.needs_retry(
                 attempts, response=(response, error), request_dict=request_dict
             )
             if delay is None:
-                raise bce.ClientError(error, _OPERATION)  # type: ignore[arg-type]
+                raise bce.ClientError(error, self.operation)  # type: ignore[arg-type]
             self._sleep(delay)
 
+    def _accept(self, response: Any) -> Any:
+        """What an accepted answer becomes; an answer broken on the way raises
+        :class:`~botocore.exceptions.HTTPClientError` (retried), one this path cannot read
+        :class:`Fallback`."""
+        raise NotImplementedError
+
     def _request(
-        self, route: _Route, credentials: Any, url: str, path: str, args: Mapping[str, Any]
+        self,
+        route: _Route,
+        credentials: Any,
+        url: str,
+        path: str,
+        query: str,
+        extra: Mapping[str, str],
     ) -> AWSPreparedRequest:
         headers = dict(route.headers)
-        if "Range" in args:
-            headers["Range"] = str(args["Range"])
-        if args.get("IfMatch") is not None:
-            headers["If-Match"] = str(args["IfMatch"])
+        headers.update(extra)
         if route.signed:
             headers["X-Amz-Date"] = stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
             headers["X-Amz-Content-SHA256"] = route.payload_hash
             if credentials.token:
                 headers["X-Amz-Security-Token"] = credentials.token
-            headers["Authorization"] = sign(self._keys, route, path, headers, credentials, stamp)
+            headers["Authorization"] = sign(
+                self._keys, route, path, headers, credentials, stamp, query
+            )
         headers["amz-sdk-invocation-id"] = str(uuid.uuid4())
         headers["amz-sdk-request"] = "attempt=1; max=1"
         # a plain dict: the session hands the headers to urllib3 as they are (botocore's
         # HTTPHeaders would cost an email.Message per request)
-        return AWSPreparedRequest("GET", url, headers, None, True)  # type: ignore[arg-type]
-
-    def _answer(self, response: Any) -> dict[str, Any]:
-        headers = response.headers
-        length = headers.get("content-length")
-        answer: dict[str, Any] = {
-            field: headers[name] for name, field in _FIELDS.items() if name in headers
-        }
-        if length is not None:
-            answer["ContentLength"] = int(length)
-        answer["Body"] = StreamingBody(response.raw, length)
-        answer[UNCHECKED] = True
-        return answer
+        return AWSPreparedRequest("GET", url, headers, None, self.stream_output)  # type: ignore[arg-type]
 
     def _error(self, response: Any) -> dict[str, Any]:
         """The error answer as botocore parses it, for the codes handled here; any other
@@ -401,7 +428,7 @@ class LeanGets:
         body = response.content or b""
         code_match = _ERROR_CODE.search(body)
         code = code_match.group(1).decode(errors="replace") if code_match else ""
-        if not (status == 404 and code == "NoSuchKey") and status not in _TRANSIENT_STATUS:
+        if (status, code) not in self.answered_here and status not in _TRANSIENT_STATUS:
             raise Fallback(f"an answer {status} {code}")
         message = _ERROR_MESSAGE.search(body)
         return {
@@ -416,13 +443,57 @@ class LeanGets:
         }
 
 
+class LeanGets(LeanPath):
+    """GetObject for one store's client (module docstring). ``get(full_key, **args)``
+    (``Range``, ``IfMatch``) answers as ``client.get_object`` would, or raises
+    :class:`Fallback` before anything reached the caller."""
+
+    operation = "GetObject"
+    stream_output = True
+    accepted = frozenset({200, 206})
+    answered_here = frozenset({(404, "NoSuchKey")})
+
+    def _route_of(self, request: AWSPreparedRequest, what: str) -> _Route | str:
+        url = request.url
+        quoted = quote(what, safe="/~")
+        if "?" in url or not url.endswith(quoted) or request.method != "GET":
+            return f"a GetObject URL that is not base + key: {url}"
+        return self._learned(request, url[: len(url) - len(quoted)])
+
+    def get(self, full_key: str, **args: Any) -> dict[str, Any]:
+        route = self._route
+        if route is None or set(args) - {"Range", "IfMatch"}:
+            raise Fallback("no route")
+        extra: dict[str, str] = {}
+        if "Range" in args:
+            extra["Range"] = str(args["Range"])
+        if args.get("IfMatch") is not None:
+            extra["If-Match"] = str(args["IfMatch"])
+        answer: dict[str, Any] = self._exchange(
+            route, route.base + quote(full_key, safe="/~"), extra
+        )
+        return answer
+
+    def _accept(self, response: Any) -> dict[str, Any]:
+        headers = response.headers
+        length = headers.get("content-length")
+        answer: dict[str, Any] = {
+            field: headers[name] for name, field in _FIELDS.items() if name in headers
+        }
+        if length is not None:
+            answer["ContentLength"] = int(length)
+        answer["Body"] = StreamingBody(response.raw, length)
+        answer[UNCHECKED] = True
+        return answer
+
+
 class _Expecting:
-    def __init__(self, local: threading.local, key: str) -> None:
+    def __init__(self, local: threading.local, what: str) -> None:
         self._local = local
-        self._key = key
+        self._what = what
 
     def __enter__(self) -> None:
-        self._local.key = self._key
+        self._local.key = self._what
 
     def __exit__(self, *exc: object) -> None:
         self._local.key = None

@@ -16,7 +16,8 @@ hands on only bytes that are the object's (resumed by range, checked against its
 Reads after the first take :mod:`~n5fs.kvstore.s3.lean`'s path: the request botocore's first
 GetObject showed, sent without its pipeline, with the same retries, breaker, throttle and
 checks (any answer but an object, an absent key or a transient fault is asked again through
-botocore).
+botocore). LIST pages likewise, once botocore's first LIST showed the route and its page
+was parsed alike (:mod:`~n5fs.kvstore.s3.leanlist`).
 
 Timestamps: user metadata ``x-amz-meta-mtime``, seconds with nine decimals (rclone's form;
 s3fs-fuse reads it too), which ``stat`` (HEAD) reports, else LastModified (``list`` always
@@ -75,6 +76,7 @@ from n5fs.kvstore.s3.errors import (
 )
 from n5fs.kvstore.s3.headers import MTIME_META, copy_args, format_mtime, mtime_of
 from n5fs.kvstore.s3.lean import Fallback, LeanGets
+from n5fs.kvstore.s3.leanlist import LeanLists
 from n5fs.kvstore.s3.leftovers import S3Leftovers
 from n5fs.kvstore.s3.times import KeptTimes, index_key, is_index
 from n5fs.kvstore.s3.uploads import Upload, UploadJournal
@@ -152,6 +154,8 @@ class S3Store(KvStore):
         )
         #: GETs past botocore's pipeline, once its first GET showed the route
         self._lean = LeanGets(self._client, policy, self._silent, self.throttle)
+        #: LIST pages likewise, once botocore's first LIST showed the route and the parse
+        self._lean_lists = LeanLists(self._client, policy, self._silent, self.throttle)
         self._max_workers = max_workers
         self._threshold = multipart_threshold
         self._part_size = part_size
@@ -338,15 +342,38 @@ class S3Store(KvStore):
     def _pages(
         self, prefix: str, delimiter: str | None, *, page_size: int | None = None
     ) -> Iterator[dict[str, Any]]:
-        """Pages of ListObjectsV2 under ``prefix`` (S3 answers 1,000 keys per page)."""
-        extra: dict[str, Any] = {"Delimiter": delimiter} if delimiter else {}
+        """Pages of ListObjectsV2 under ``prefix`` (S3 answers 1,000 keys per page), each
+        requested when the caller gets to it. Paginated by the rules of botocore's
+        paginator: a page that is not truncated, or names no next token, is the last; a
+        page naming the token it was asked with is an error."""
+        args: dict[str, Any] = {"Prefix": self._prefix + prefix}
+        if delimiter:
+            args["Delimiter"] = delimiter
         if page_size is not None:
-            extra["PaginationConfig"] = {"PageSize": page_size}
-        paginator = self._client.get_paginator("list_objects_v2")
+            args["MaxKeys"] = page_size
         with self._errors(prefix):
-            yield from paginator.paginate(
-                Bucket=self._spec.bucket, Prefix=self._prefix + prefix, **self._payer, **extra
-            )
+            while True:
+                page = self._list_page(dict(args))
+                yield page
+                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+                if not token:
+                    return
+                if token == args.get("ContinuationToken"):
+                    message = f"The same next token was received twice: {token!r}"
+                    raise bce.PaginationError(message=message)
+                args["ContinuationToken"] = token
+
+    def _list_page(self, args: dict[str, Any]) -> dict[str, Any]:
+        """One ListObjectsV2 page: the lean path (:mod:`~n5fs.kvstore.s3.leanlist`) where
+        it knows the route and reads the answer, else botocore's (which teaches it)."""
+        if self._lean_lists.ready:
+            try:
+                return self._lean_lists.page(args)
+            except Fallback as exc:
+                log.debug("s3: LIST of %r through botocore: %s", args, exc)
+        return self._lean_lists.through_botocore(
+            args, partial(self._call, "list_objects_v2", **args)
+        )
 
     def _relative(self, full: str, *, as_prefix: bool = False) -> str | None:
         """The store key of an object name; ``None`` for names no key can spell."""
