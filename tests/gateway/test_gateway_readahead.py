@@ -607,3 +607,45 @@ def test_threads_sweeping_folders_in_any_order_within_each_get_them_ahead(
     r.close()
     assert own == ["z/0/0"]
     assert store.per_key("get") == Counter(dict.fromkeys(keys, 1))
+
+
+def test_readers_at_once_in_no_order_are_a_sweep_and_one_reader_so_is_not(
+    store: CountingStore,
+) -> None:
+    """Three threads start a folder at once, each on a chunk of its own (5, 3, 1: TensorStore's
+    file driver), while the first fetch is still on its way (gated): reads closer together
+    than a fetch takes are readers at once, a sweep, and the rest of the folder and the next
+    folder come ahead. One reader asking for 5, 3, 1 waits for each: random access, nothing
+    ahead."""
+    keys = tree(store.inner, 3, 8)
+    store.inner.set("m/x", b"timed")
+    r = distant(store, max_ahead=16)
+    assert read_all(r, store, "m/x") == b"timed"  # one fetch timed: 50 ms
+    gate = store.gate("get", lambda key: key.startswith("z/0/"), when="before", times=None)
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            reads = [pool.submit(read_all, r, store, f"z/0/{i}") for i in (5, 3, 1)]
+            gate.wait_reached(3)  # each thread's own GET: none had an answer yet
+            gate.release()
+            assert [f.result(WAIT) for f in reads] == [
+                store.inner.get(f"z/0/{i}") for i in (5, 3, 1)
+            ]
+    finally:
+        gate.release()
+    _drain(r)
+    fetched = set(store.per_key("get"))
+    assert {key for key in keys if key.startswith("z/0/")} <= fetched  # the folder, ahead
+    assert "z/1/0" in fetched  # and on into the next folder
+    assert max(store.per_key("get").values()) == 1
+    r.close()
+
+    alone = CountingStore(MemoryStore())
+    tree(alone.inner, 3, 8)
+    alone.inner.set("m/x", b"timed")
+    one = distant(alone, max_ahead=16)
+    read_all(one, alone, "m/x")
+    for i in (5, 3, 1):
+        read_paced(one, alone, f"z/0/{i}")
+    _drain(one)
+    one.close()
+    assert set(alone.per_key("get")) == {"m/x", "z/0/5", "z/0/3", "z/0/1"}

@@ -47,6 +47,10 @@ the fetch time over the reader's time per object (Little's law; 50 ms over 1 ms 
   the order; the furthest read stays where it was. A read of the object before the last one
   (a reader going down the order), or one below everything the sweep read, gets the objects
   below it fetched ahead instead (as deep as above an ascending reader, and nothing above).
+  Such readers may start a folder in no order at all (four threads take its chunks 5, 3, 1
+  and 0): :data:`BURST` reads of a folder, each closer to the first than a fetch takes (no
+  single reader asks that fast: it waits for each), are a sweep too, as is the next folder's
+  first read then.
   Any other read resets the folder's window and forgets the guess, which stops the
   read-ahead: random access costs no fetches ahead. A first read of a folder's
   first object with no guess to go by gets ``objects`` fetched ahead (no more: one read
@@ -111,6 +115,9 @@ _CLIMB = 4
 _SAMPLES = 15
 #: the shortest time per object a reader is taken to have (one FUSE round trip is longer)
 _MIN_PACE = 1e-4
+#: reads of one folder in no order, each closer to the first than a fetch takes, that make a
+#: sweep (several readers at once: TensorStore reads a region's chunks on a few threads)
+BURST = 3
 #: the orders a folder's names are followed in (indexes into a folder's orders)
 LISTING, GRID = 0, 1
 
@@ -324,11 +331,22 @@ class _Window:
     order: int = LISTING
     low: int = -1
     behind: int = -1
+    #: reads of the folder in no order so far, the first of them at ``since``, the lowest
+    #: index among them ``low`` and the highest ``high`` (a burst, if they came fast)
+    scattered: int = 0
+    since: float = 0.0
+    high: int = -1
 
     def floor(self) -> int:
         """A sweep's lowest index read or offered (``last`` before any read below it)."""
         low = self.low if self.low >= 0 else self.last
         return min(low, self.behind) if self.behind >= 0 else low
+
+
+def _burst(window: _Window, now: float, span: float) -> bool:
+    """Is a read at ``now`` the :data:`BURST`-th of reads of the folder in no order, each
+    within ``span`` (a fetch's time) of the first: readers at once?"""
+    return window.scattered > 0 and window.scattered + 1 >= BURST and now - window.since <= span
 
 
 class _Offer(Enum):
@@ -415,7 +433,7 @@ class Prefetcher:
             return
         # no deeper than the bytes in flight may be: what lands must stay cached until read
         reach = max(1, self.max_bytes // max(1, info.size))
-        plan = self._plan(folder, at, orders, min(self.pace.depth(), reach), reach)
+        plan = self._plan(folder, at, orders, min(self.pace.depth(), reach), reach, now)
         if plan.confirmed:
             self.pace.stepped(now)
         if not plan.stride:
@@ -443,20 +461,34 @@ class Prefetcher:
         return orders
 
     def _plan(
-        self, folder: str, at: tuple[int, ...], orders: tuple[_Order, ...], depth: int, reach: int
+        self,
+        folder: str,
+        at: tuple[int, ...],
+        orders: tuple[_Order, ...],
+        depth: int,
+        reach: int,
+        now: float,
     ) -> _Plan:
         """What a read at ``at`` (its index in each order) fetches ahead: ``depth`` objects if
         it follows a confirmed order, else at most ``reach`` of the ``objects`` a reader
         with no history gets; records the folder's window."""
+        span = self.pace.times()[0] or 0.0  # reads closer than a fetch: readers at once
         with self._lock:
             window = self._windows.pop(folder, None)
-            stride, order, confirmed = self._follows(window, at, orders)
+            stride, order, confirmed = self._follows(window, at, orders, now, span)
             index = front = low = at[order]
             below = bottom = behind = -1
-            down = False
+            down = burst = False
             if stride:
                 ahead = depth if confirmed else min(self.objects, reach)
-                if (
+                if stride == 1 and window is not None and _burst(window, now, span):
+                    # readers at once: a sweep from the lowest to the highest they read,
+                    # offered between (what they skipped so far), above and below
+                    burst = True
+                    front = max(index, window.high)
+                    low = min(index, window.low if window.low >= 0 else window.last)
+                    below, bottom = low - 1, max(-1, low - 1 - ahead)
+                elif (
                     stride == 1
                     and window is not None
                     and window.last >= 0
@@ -478,6 +510,8 @@ class Prefetcher:
                 first = front + stride
                 if window is not None and (window.order, window.stride) == (order, stride):
                     first = max(first, window.ahead + stride)  # offered already up to there
+                if burst:
+                    first = low + 1
                 stop = min(len(orders[order].names), front + 1 + stride * ahead)
                 if down:  # what lies above the sweep waits for a read up there
                     first = stop = 0
@@ -486,16 +520,28 @@ class Prefetcher:
             else:
                 first = stop = ahead = 0
                 step = index - window.last if window is not None and window.last >= 0 else 0
-                self._windows[folder] = _Window(index, index, max(step, 0), order)
+                scattered, since, low, high = 1, now, index, index
+                if window is not None and window.scattered and now - window.since <= span:
+                    scattered, since = window.scattered + 1, window.since
+                    low, high = min(low, window.low), max(high, window.high)
+                self._windows[folder] = _Window(
+                    index, index, max(step, 0), order, low, -1, scattered, since, high
+                )
             self._trim_locked()
         return _Plan(order, first, stop, stride, confirmed, ahead, front, below, bottom)
 
     def _follows(
-        self, window: _Window | None, at: tuple[int, ...], orders: tuple[_Order, ...]
+        self,
+        window: _Window | None,
+        at: tuple[int, ...],
+        orders: tuple[_Order, ...],
+        now: float,
+        span: float,
     ) -> tuple[int, int, bool]:
         """The stride a read at ``at`` follows (0: none), in which order, and whether that is
-        confirmed (by the folder's window or the guess from the folder before). Caller holds
-        the lock."""
+        confirmed (by the folder's window or the guess from the folder before, or by a burst
+        of reads: ``span`` is how close together reads come from readers at once). Caller
+        holds the lock."""
         assert_held(self._lock)
         if window is None or window.last < 0:  # the folder's first read
             guess = self._order if self._order < len(at) else LISTING
@@ -523,6 +569,8 @@ class Prefetcher:
             return self._confirm(1, order)  # behind a sweep's front: its readers' disorder
         if step == -1:  # the object before: a reader going down the order
             return self._confirm(1, order)
+        if _burst(window, now, span):
+            return self._confirm(1, order)  # readers at once: a sweep in an order of their own
         self._stride = 0  # a read out of every pattern: guess none in the next folder
         return 0, order, False
 
