@@ -36,6 +36,7 @@ from n5fs.fuse_front.invalidate import Invalidator
 from n5fs.fuse_front.mounts import MountFailed
 from n5fs.fuse_front.operations import GatewayLike, N5fsOperations
 from n5fs.fuse_front.options import render
+from n5fs.fuse_front.readahead import set_read_ahead
 from n5fs.gateway.namespace.paths import CONTROL
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class _Session:
         self.mountpoint = mountpoint
         self.gateway = gateway
         self.on_ready = on_ready
+        self.read_ahead_kb = 0  # the kernel's read-ahead to set once the mount answers
         self.on_stopping = on_stopping
         self.on_stop_refused = on_stop_refused
         self.unsaved: Exception | None = None  # what the final flush could not write
@@ -96,10 +98,11 @@ class _Session:
 
     def _announce(self) -> None:
         try:
-            os.stat(self.mountpoint)  # served by the loop: the mount answers
+            root = os.stat(self.mountpoint)  # served by the loop: the mount answers
         except OSError as exc:
             log.error("the new mount at %s does not answer: %s", self.mountpoint, exc)  # noqa: TRY400
             return
+        set_read_ahead(root.st_dev, self.read_ahead_kb)  # before anyone is told to read
         self.answered = True
         log.info("mounted at %s (%s)", self.mountpoint, _lib.describe())
         if self.on_ready is not None:
@@ -302,9 +305,13 @@ def serve(
     on_ready: Callable[[], None] | None = None,
     on_stopping: Callable[[], None] | None = None,
     on_stop_refused: Callable[[str], None] | None = None,
+    read_ahead_kb: int = 0,
 ) -> None:
     """Mount ``gateway`` at ``mountpoint`` and answer calls (multithreaded) until unmounted
     (``n5fs unmount``, ``fusermount3 -u``, SIGTERM, SIGINT); then close the gateway.
+
+    ``read_ahead_kb``: the kernel's read-ahead for the mount, set once it answers and before
+    ``on_ready`` (:mod:`~n5fs.fuse_front.readahead`; 0 leaves the kernel's).
 
     ``on_ready`` runs once a stat of the mount root has been answered (daemon readiness,
     systemd ``READY=1``); ``on_stopping`` once the mount is told to end (a signal, or an
@@ -315,6 +322,7 @@ def serve(
     or when the store could not write what was staged once the loop was over.
     """
     session = _Session(os.path.abspath(mountpoint), gateway, on_ready, on_stopping, on_stop_refused)
+    session.read_ahead_kb = read_ahead_kb
     session.invalidator = _kernel_invalidator(gateway, session)
     ops = N5fsOperations(
         gateway,

@@ -212,3 +212,26 @@ def test_cp_rsync_and_tar_keep_their_xattr_options_working(mounter, backing, tmp
     for name in ("in-cp", "in-rsync", "in-tar"):
         assert (mp / name / "sub" / "s.txt").read_bytes() == b"from outside\n"
         assert (backing / name / "sub" / "s.txt").read_bytes() == b"from outside\n"
+
+
+def bdi_read_ahead(mp: Path) -> int:
+    device = os.stat(mp).st_dev
+    return int(
+        Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb").read_text()
+    )
+
+
+@pytest.mark.skipif(not Path("/sys/class/bdi").is_dir(), reason="no /sys/class/bdi (not Linux)")
+def test_the_kernel_reads_ahead_in_requests_of_a_mebibyte(mounter, backing):
+    """The mount's read-ahead is 1 MiB once it answers (root may set it), or what
+    ``-o read_ahead_kb=`` says; 0 leaves the kernel's; bytes read the same either way."""
+    mp = mounter.daemon(str(backing), "-o", "ro")
+    kernel = bdi_read_ahead(mounter.daemon(str(backing), "-o", "ro,read_ahead_kb=0", name="k"))
+    if os.geteuid() != 0:
+        assert bdi_read_ahead(mp) == kernel  # only root may change it: the kernel's stays
+        return
+    assert bdi_read_ahead(mp) == 1024
+    assert (mp / "plain" / "f.bin").read_bytes() == OLD
+    other = mounter.daemon(str(backing), "-o", "read_ahead_kb=256", name="rw")
+    assert bdi_read_ahead(other) == 256
+    assert (other / "plain" / "f.bin").read_bytes() == OLD
