@@ -35,7 +35,9 @@ seconds (50,000 keys on a slow endpoint) then never stalls the lookups in it. Su
 lives the TTL or four times as long as its load took, whichever is longer (so refreshes keep
 the store busy a quarter of the time at most), plus one refresh. A quick load is simply repeated at expiry (the next
 caller sees the store as it is then). Only expiry is served stale: an invalidation (a commit)
-drops the value, and the next caller waits for a fresh one.
+drops the value, and the next caller waits for a fresh one. The same pool runs the loads a
+caller foresees (``load_behind``: the gateway lists the folder a lookup is about to enter):
+a flight like any, which later callers join.
 
 With ``weigh`` and ``max_bytes`` (the gateway's folder listings), the values are weighed (about
 the bytes each holds) and the least recently used are dropped while the weights together
