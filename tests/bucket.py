@@ -35,3 +35,18 @@ def validate_clean(endpoint: str, bucket: str, path: str = PREFIX) -> None:
         check=False,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+class Sends:
+    """The requests of one operation (``GetObject``, ``ListObjectsV2``) that botocore sent
+    for a store: the ones the lean paths did not take over."""
+
+    def __init__(self, store: Any, operation: str) -> None:
+        self.requests: list[Any] = []
+        store.client.meta.events.register(f"before-send.s3.{operation}", self._seen)
+
+    def _seen(self, request: Any, **_: Any) -> None:
+        self.requests.append(request)
+
+    def __len__(self) -> int:
+        return len(self.requests)

@@ -28,6 +28,7 @@ from n5fs.kvstore.s3.lean import _Keys, _Route, sign
 from n5fs.kvstore.s3.retries import MAX_ATTEMPTS
 from n5fs.kvstore.spec import S3Spec
 from n5fs.testing.s3_proxy import Fault, FaultProxy, fault_proxy
+from tests.bucket import Sends
 
 pytestmark = pytest.mark.s3
 
@@ -48,24 +49,15 @@ def proxy(s3_server: Any) -> Iterator[FaultProxy]:
         yield running
 
 
-class Sends:
-    """GetObject requests botocore sent for a store."""
-
-    def __init__(self, store: S3Store) -> None:
-        self.requests: list[Any] = []
-        store.client.meta.events.register("before-send.s3.GetObject", self._seen)
-
-    def _seen(self, request: Any, **_: Any) -> None:
-        self.requests.append(request)
-
-    def __len__(self) -> int:
-        return len(self.requests)
+def botocore_sends(store: S3Store) -> Sends:
+    """The GetObject requests botocore sent for ``store`` from now on."""
+    return Sends(store, "GetObject")
 
 
 def lean(store: S3Store) -> Sends:
     """Teach ``store`` its route with one GET (of an absent key) and count botocore's
     GetObjects from then on."""
-    sends = Sends(store)
+    sends = botocore_sends(store)
     assert store.get("primer-that-is-absent") is None
     assert store._lean.ready, store._lean.refused
     sends.requests.clear()
@@ -115,7 +107,7 @@ def test_a_ranged_first_read_teaches_the_route(store: S3Store) -> None:
     store.set("ranged", data)
     assert store.get("ranged", ByteRange(-100)) == data[-100:]  # botocore's, with a Range
     assert store._lean.ready, store._lean.refused
-    sends = Sends(store)
+    sends = botocore_sends(store)
     assert store.get("ranged", ByteRange(10, 20)) == data[10:30]
     assert store.get("ranged") == data
     assert len(sends) == 0
@@ -193,7 +185,7 @@ def aws_store(monkeypatch: pytest.MonkeyPatch, **spec: Any) -> tuple[S3Store, Se
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     store = S3Store(S3Spec(bucket="my-bucket", path="p/", aws_region="eu-west-1", **spec))
-    sends = Sends(store)
+    sends = botocore_sends(store)
     store.client.meta.events.register(
         "before-send.s3.GetObject", lambda request, **_: answer(request, 404, b"")
     )
@@ -255,7 +247,7 @@ def test_a_route_this_path_cannot_sign_like_botocore_is_not_used(
     from n5fs.kvstore.s3 import lean as lean_module
 
     monkeypatch.setattr(lean_module, "sign", lambda *a, **k: "AWS4-HMAC-SHA256 wrong")
-    sends = Sends(store)
+    sends = botocore_sends(store)
     store.set("x", b"1")
     assert store.get("x") == b"1"
     assert store.get("x") == b"1"

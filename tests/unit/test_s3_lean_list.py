@@ -30,6 +30,7 @@ from n5fs.kvstore.s3.leanlist import _read_of, parse_page, query_of
 from n5fs.kvstore.s3.retries import MAX_ATTEMPTS
 from n5fs.kvstore.spec import S3Spec
 from n5fs.testing.s3_proxy import Fault, FaultProxy, fault_proxy
+from tests.bucket import Sends
 
 pytestmark = pytest.mark.s3
 
@@ -71,24 +72,15 @@ def store(proxy: FaultProxy, s3_bucket: str) -> Iterator[S3Store]:
         yield opened
 
 
-class Sends:
-    """ListObjectsV2 requests botocore sent for a store."""
-
-    def __init__(self, store: S3Store) -> None:
-        self.requests: list[Any] = []
-        store.client.meta.events.register("before-send.s3.ListObjectsV2", self._seen)
-
-    def _seen(self, request: Any, **_: Any) -> None:
-        self.requests.append(request)
-
-    def __len__(self) -> int:
-        return len(self.requests)
+def botocore_sends(store: S3Store) -> Sends:
+    """The ListObjectsV2 requests botocore sent for ``store`` from now on."""
+    return Sends(store, "ListObjectsV2")
 
 
 def lean(store: S3Store, prefix: str = "") -> Sends:
     """Teach ``store`` its LIST route and check its parse with one listing (of a prefix
     with keys) and count botocore's ListObjectsV2 from then on."""
-    sends = Sends(store)
+    sends = botocore_sends(store)
     store.list(prefix, delimiter=None)
     assert store._lean_lists.ready, store._lean_lists.refused
     sends.requests.clear()
@@ -344,7 +336,7 @@ def test_a_body_that_is_not_whole_xml_is_never_a_page() -> None:
 def test_the_check_waits_for_a_page_that_names_something(
     store: S3Store, s3_server: Any, s3_bucket: str
 ) -> None:
-    sends = Sends(store)
+    sends = botocore_sends(store)
     assert store.list("").keys == ()
     assert store._lean_lists._route is not None
     assert not store._lean_lists.ready  # an empty page checks nothing
@@ -368,7 +360,7 @@ def test_a_parse_that_differs_keeps_lists_on_botocore(
         return page
 
     monkeypatch.setattr(leanlist_module, "parse_page", short)
-    sends = Sends(store)
+    sends = botocore_sends(store)
     for _ in range(3):
         assert [info.key for info in store.list("").keys] == ["a", "b"]
     assert not store._lean_lists.ready
@@ -383,7 +375,7 @@ def test_a_route_this_path_cannot_sign_like_botocore_is_not_used(
 
     monkeypatch.setattr(lean_module, "sign", lambda *a, **k: "AWS4-HMAC-SHA256 wrong")
     put(s3_server, s3_bucket, ["a"])
-    sends = Sends(store)
+    sends = botocore_sends(store)
     assert [info.key for info in store.list("").keys] == ["a"]
     assert [info.key for info in store.list("").keys] == ["a"]
     assert not store._lean_lists.ready
@@ -413,7 +405,7 @@ def test_the_route_is_botocores_virtual_host_region_and_requester_pays(
     spec = S3Spec(bucket="my-bucket", path="p/", aws_region="eu-west-1", requester_pays=True)
     body = page_xml(["p/a%20b", "p/c"], ("p/d%2B/",))
     with S3Store(spec) as aws:
-        sends = Sends(aws)
+        sends = botocore_sends(aws)
         aws.client.meta.events.register(
             "before-send.s3.ListObjectsV2",
             lambda request, **_: AWSResponse(request.url, 200, HTTPHeaders(), _Raw(body)),
@@ -478,7 +470,7 @@ def listed(store: S3Store, s3_server: Any, s3_bucket: str) -> list[str]:
 def test_broken_answers_are_retried_by_the_stores_policy(
     store: S3Store, proxy: FaultProxy, listed: list[str], fault: Fault
 ) -> None:
-    sends = Sends(store)
+    sends = botocore_sends(store)
     proxy.inject(fault)
     assert [info.key for info in store.walk("")] == listed  # 1 page of 30
     assert [page["Contents"][0]["Key"] for page in store._pages("", None, page_size=7)] == [
@@ -525,7 +517,7 @@ def test_slow_down_throttles(store: S3Store, proxy: FaultProxy, listed: list[str
 def test_a_403_is_asked_again_through_botocore(
     store: S3Store, proxy: FaultProxy, listed: list[str]
 ) -> None:
-    sends = Sends(store)
+    sends = botocore_sends(store)
     proxy.inject(
         Fault("status", method="GET", key=LIST_ONLY, status=403, code="AccessDenied", times=1)
     )
