@@ -187,8 +187,8 @@ def test_fifteen_seconds_of_mixed_faults_lose_and_corrupt_nothing(
 ) -> None:
     """The soak of scripts/soak.py, for 15 s: files, zarr-python arrays and cp -r written
     and read through a mount under resets, 5xx, SlowDown, stalls, cut and damaged bodies
-    (some 2,000 files and 250 faults; the drain and the checks cost as long again, and grow
-    with the run: every acknowledged file is read back)."""
+    (2,000 to 4,500 files and some 250 faults; the drain and the checks cost as long again,
+    and grow with the run: every acknowledged file is read back)."""
     monkeypatch.setenv("N5FS_STATE_DIR", str(tmp_path / "state"))
     report = run_soak(s3_server.endpoint, s3_bucket, tmp_path, SoakConfig(seconds=15.0))
     print(report.table())  # shown with -s: what the run did, faults injected among it
