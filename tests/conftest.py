@@ -9,8 +9,10 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import boto3
+import botocore.session
 import pytest
 
 from n5fs import locking
@@ -76,6 +78,27 @@ def _aws_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_botocore_loader() -> Iterator[None]:
+    """Every botocore session of this process reads the service models through one loader.
+
+    An S3 store makes a botocore session of its own, and each new session parses the S3
+    model and the endpoint rules from their JSON files again (some 0.3 s of CPU): the tests
+    open hundreds of stores in this process. botocore's loader caches what it parsed and
+    hands the same read-only documents to every client of a session; here, to every session.
+    Nothing else of a session is shared (credentials, events, parsers, config stay its own),
+    and a mount's daemon is another process, untouched."""
+    created = botocore.session.create_loader
+    shared = created()
+
+    def one_loader(search_path_string: str | None = None) -> Any:
+        return shared if search_path_string is None else created(search_path_string)
+
+    botocore.session.create_loader = one_loader
+    yield
+    botocore.session.create_loader = created
 
 
 @pytest.fixture(autouse=True)

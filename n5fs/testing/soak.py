@@ -17,7 +17,7 @@ its peak RSS read, the mount is unmounted, each acknowledged file is read straig
 bucket (lost: absent; corrupt: other bytes), each acknowledged array is read through a fresh
 read-only mount with zarr-python, and ``n5fs validate`` judges everything stored (invalid).
 
-Used by ``scripts/soak.py`` (minutes) and by the test suite (a minute). Needs the ``test``
+Used by ``scripts/soak.py`` (minutes) and by the test suite (seconds). Needs the ``test``
 extra (moto, zarr) and a machine that can mount (``/dev/fuse``, ``fusermount3``).
 
 State: the :class:`Soak`'s acknowledged sets and counters under its lock; each worker thread
@@ -374,17 +374,24 @@ def _check_files(upstream: str, bucket: str, files: dict[str, bytes], report: So
     from n5fs.errors import N5fsError
     from n5fs.kvstore import open_store
 
-    with open_store(source_of(upstream, bucket)) as store:
-        for key, md5 in sorted(files.items()):
-            try:
-                data = store.get(key)
-            except N5fsError as exc:  # bytes whose stored checksum they fail: damaged
-                report.corrupt.append(f"{key} ({exc})"[:200])
-                continue
-            if data is None:
-                report.lost.append(key)
-            elif hashlib.md5(data, usedforsecurity=False).digest() != md5:
-                report.corrupt.append(key)
+    def check(key: str) -> tuple[str, str] | None:
+        """What is wrong with ``key`` (the report's list and its entry), None if nothing."""
+        try:
+            data = store.get(key)
+        except N5fsError as exc:  # bytes whose stored checksum they fail: damaged
+            return "corrupt", f"{key} ({exc})"[:200]
+        if data is None:
+            return "lost", key
+        if hashlib.md5(data, usedforsecurity=False).digest() != files[key]:
+            return "corrupt", key
+        return None
+
+    # thousands of GETs: a few at a time, so the client's and the server's work overlap
+    with open_store(source_of(upstream, bucket)) as store, ThreadPoolExecutor(4) as pool:
+        lists = {"lost": report.lost, "corrupt": report.corrupt}
+        for wrong in pool.map(check, sorted(files)):
+            if wrong is not None:
+                lists[wrong[0]].append(wrong[1])
 
 
 def _check_arrays(

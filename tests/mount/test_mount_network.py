@@ -182,15 +182,16 @@ def test_one_key_whose_every_put_fails_fails_alone_at_fsync(
     assert stored("cursed.bin") == b"kept"
 
 
-def test_half_a_minute_of_mixed_faults_loses_and_corrupts_nothing(
+def test_fifteen_seconds_of_mixed_faults_lose_and_corrupt_nothing(
     s3_server: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The soak of scripts/soak.py, for half a minute (with write-back, a minute wrote some
-    11,000 files, whose drain and checks took twice as long again): files, zarr-python
-    arrays and cp -r written and read through a mount under resets, 5xx, SlowDown, stalls,
-    cut and damaged bodies."""
+    """The soak of scripts/soak.py, for 15 s: files, zarr-python arrays and cp -r written
+    and read through a mount under resets, 5xx, SlowDown, stalls, cut and damaged bodies
+    (2,000 to 4,500 files and some 250 faults; the drain and the checks cost as long again,
+    and grow with the run: every acknowledged file is read back)."""
     monkeypatch.setenv("N5FS_STATE_DIR", str(tmp_path / "state"))
-    report = run_soak(s3_server.endpoint, s3_bucket, tmp_path, SoakConfig(seconds=30.0))
+    report = run_soak(s3_server.endpoint, s3_bucket, tmp_path, SoakConfig(seconds=15.0))
+    print(report.table())  # shown with -s: what the run did, faults injected among it
     assert report.failures() == [], report.table()
     assert report.acknowledged_files > 100, report.table()
     assert report.acknowledged_arrays > 0, report.table()

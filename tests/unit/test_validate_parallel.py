@@ -374,8 +374,13 @@ def test_s3_chunks_are_checked_page_by_page(s3_server: Any, s3_bucket: str) -> N
             "aws_region": s3_server.region,
         }
     )
+    staged = MemoryStore()
+    fill(staged, bad={"2.2": b"junk"})
     with store:
-        fill(store, bad={"2.2": b"junk"})
+        with futures.ThreadPoolExecutor(8) as pool:  # 600 PUTs, a few at a time
+            keys = staged.list("", delimiter=None).names()
+            seeded = pool.map(lambda key: store.set(key, staged.get(key) or b""), keys)
+            assert len(list(seeded)) == ROWS * COLS + 1
         report = validate_store(store)
     assert report.chunks == ROWS * COLS
     assert [f.key for f in report.invalid] == ["2.2"]

@@ -395,7 +395,7 @@ def test_an_interrupted_validate_exits_130_and_leaves_no_worker(tmp_path: Path) 
     fill(store)
     script = textwrap.dedent(
         f"""
-        import sys, time
+        import signal, sys, time
         from functools import partial
         from n5fs.cli import commands
         from n5fs.cli.main import main
@@ -409,6 +409,9 @@ def test_an_interrupted_validate_exits_130_and_leaves_no_worker(tmp_path: Path) 
                 print(" ".join(map(str, self.pids)), flush=True)
                 time.sleep(600)  # the listing stops here: the interrupt finds it mid-run
 
+        # Ctrl-C as a terminal sends it, even where this suite was started with SIGINT
+        # ignored (a background job of a shell), which the child would inherit
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         chunks.Workers = Slow
         commands.Validator = partial(Validator, processes_after=0)
         sys.exit(main(["validate", {str(tmp_path / "data")!r}]))
