@@ -143,7 +143,7 @@ def serve_plan(
             on_ready=ready,
             on_stopping=None if link is None else link.stopping,
             on_stop_refused=None if link is None else link.refused,
-            read_ahead_kb=plan.options.read_ahead_kb,
+            read_ahead_kb=plan.options.read_ahead_for(),
         )
     finally:
         if link is not None:

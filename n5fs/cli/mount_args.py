@@ -99,7 +99,8 @@ def mount_parser(sub: Subparsers) -> argparse.ArgumentParser:
         "read-write S3 mounts; fsync and n5fs sync wait for the uploads), "
         "writeback_size=SIZE (journal room, default 1G), read_ahead_kb=N (the kernel's "
         "read-ahead for the mount, default 1024: a file's bytes are asked in requests of up "
-        "to 1 MiB, not 128 KiB; set as root only; 0 leaves the kernel's), "
+        "to 1 MiB, not 128 KiB; set as root only; 0, and the default of --as npy, leave the "
+        "kernel's), "
         "cache_size=SIZE, "
         "cache_ttl=SECONDS, staging_size=SIZE, max_file_size=SIZE, s3_connect_timeout=SECONDS, "
         "s3_read_timeout=SECONDS, s3_retries=N; others go to libfuse",

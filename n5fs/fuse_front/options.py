@@ -48,7 +48,9 @@ round trip (S3) on a read-write mount, off elsewhere; the journal holds at most
 (docs/semantics.md, "Views": writes through a Zarr view of N5 data or an N5 view of Zarr data
 land in the store's own format; npy is read-only); ``as=native`` is the default.
 
-``read_ahead_kb=N`` (n5fs's own, default 1024; 0 leaves the kernel's) sets the kernel's
+``read_ahead_kb=N`` (n5fs's own, default 1024, but the kernel's for ``as=npy``, whose readers
+map the file and fault pages in, each fault reading and decoding the read-ahead around it; 0
+leaves the kernel's) sets the kernel's
 read-ahead for the mount (Linux: its ``/sys/class/bdi/<device>/read_ahead_kb``, writable by
 root only; elsewhere, or when refused, the kernel's own stays, said in the log). Why: the
 kernel asks a FUSE file's bytes in requests no larger than its read-ahead, 128 KiB by default,
@@ -167,8 +169,19 @@ class MountOptions:
     writeback: str = WRITEBACK_MODES[0]
     #: ``-o as=``: the format the mount shows (``native``: the store's own)
     view: str = "native"
-    #: ``-o read_ahead_kb=``: the kernel's read-ahead for the mount (0: the kernel's own)
-    read_ahead_kb: int = READ_AHEAD_KB
+    #: ``-o read_ahead_kb=``: the kernel's read-ahead for the mount (0: the kernel's own;
+    #: None: not given, :meth:`read_ahead_for` decides)
+    read_ahead_kb: int | None = None
+
+    def read_ahead_for(self) -> int:
+        """The read-ahead to set: the user's, else :data:`READ_AHEAD_KB`, except for the npy
+        view, which keeps the kernel's: it is read through ``mmap`` (``np.load(...,
+        mmap_mode="r")``), where each page fault reads the read-ahead around it, and every
+        byte of that is chunks decoded; 1 MiB would decode eight times what 128 KiB does."""
+        if self.read_ahead_kb is not None:
+            return self.read_ahead_kb
+        return 0 if self.view == "npy" else READ_AHEAD_KB
+
     fuse: dict[str, FuseValue] = field(default_factory=dict)
 
 

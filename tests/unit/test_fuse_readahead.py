@@ -50,10 +50,13 @@ def test_no_such_device_or_a_refusal_keeps_the_kernels(
 
 
 def test_the_option_is_n5fs_own_with_a_default_of_a_mebibyte() -> None:
-    assert parse_options([]).read_ahead_kb == READ_AHEAD_KB == 1024
+    assert parse_options([]).read_ahead_for() == READ_AHEAD_KB == 1024
+    assert parse_options(["ro,as=zarr3"]).read_ahead_for() == 1024
+    assert parse_options(["as=npy"]).read_ahead_for() == 0  # mmap readers: the kernel's
+    assert parse_options(["as=npy,read_ahead_kb=512"]).read_ahead_for() == 512
     opts = parse_options(["ro,read_ahead_kb=256"])
-    assert opts.read_ahead_kb == 256
+    assert opts.read_ahead_for() == 256
     assert "read_ahead_kb" not in opts.fuse  # libfuse would refuse it
-    assert parse_options(["read_ahead_kb=0"]).read_ahead_kb == 0
+    assert parse_options(["read_ahead_kb=0"]).read_ahead_for() == 0
     with pytest.raises(InvalidSource, match="read_ahead_kb is a number of KiB"):
         parse_options(["read_ahead_kb=1M"])
