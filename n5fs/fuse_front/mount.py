@@ -72,11 +72,12 @@ class _Session:
         on_ready: Callable[[], None] | None,
         on_stopping: Callable[[], None] | None = None,
         on_stop_refused: Callable[[str], None] | None = None,
+        read_ahead_kb: int = 0,
     ) -> None:
         self.mountpoint = mountpoint
         self.gateway = gateway
         self.on_ready = on_ready
-        self.read_ahead_kb = 0  # the kernel's read-ahead to set once the mount answers
+        self.read_ahead_kb = read_ahead_kb  # the kernel's, set once the mount answers
         self.on_stopping = on_stopping
         self.on_stop_refused = on_stop_refused
         self.unsaved: Exception | None = None  # what the final flush could not write
@@ -321,8 +322,14 @@ def serve(
     the main thread. Raises MountFailed when libfuse refuses (its own message went to stderr),
     or when the store could not write what was staged once the loop was over.
     """
-    session = _Session(os.path.abspath(mountpoint), gateway, on_ready, on_stopping, on_stop_refused)
-    session.read_ahead_kb = read_ahead_kb
+    session = _Session(
+        os.path.abspath(mountpoint),
+        gateway,
+        on_ready,
+        on_stopping,
+        on_stop_refused,
+        read_ahead_kb=read_ahead_kb,
+    )
     session.invalidator = _kernel_invalidator(gateway, session)
     ops = N5fsOperations(
         gateway,
